@@ -1,0 +1,48 @@
+"""LangGraph state graphs: the Director, persona speakers, the user turn, and baselines."""
+
+from mascot.graphs.baselines import BASELINES, create_baseline_graph
+from mascot.graphs.direction import (
+    DIRECTION_SCHEMA,
+    DirectionError,
+    StageDirection,
+    fallback_direction,
+    interpret_direction,
+    read_direction_json,
+)
+from mascot.graphs.director import (
+    DIRECTOR_NODE,
+    assemble_graph,
+    create_director_graph,
+    rule_director,
+)
+from mascot.graphs.reply import clean_reply
+from mascot.graphs.state import (
+    DirectorState,
+    Fallback,
+    openai_messages,
+    persona_speakers,
+    stage_directions,
+)
+from mascot.graphs.user import USER_NODE
+
+__all__ = [
+    "BASELINES",
+    "DIRECTION_SCHEMA",
+    "DIRECTOR_NODE",
+    "USER_NODE",
+    "DirectionError",
+    "DirectorState",
+    "Fallback",
+    "StageDirection",
+    "assemble_graph",
+    "clean_reply",
+    "create_baseline_graph",
+    "create_director_graph",
+    "fallback_direction",
+    "interpret_direction",
+    "openai_messages",
+    "persona_speakers",
+    "read_direction_json",
+    "rule_director",
+    "stage_directions",
+]

@@ -1,0 +1,233 @@
+"""The director graph: a Director node routes each turn to a persona or back to the person."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from langchain_core.language_models import BaseChatModel
+from langchain_core.messages import AIMessage, BaseMessage, HumanMessage
+from langchain_core.runnables import Runnable, RunnableLambda
+from langgraph.graph import START, StateGraph
+from langgraph.types import Command
+
+from mascot.graphs.direction import DIRECTION_SCHEMA, StageDirection, interpret_direction
+from mascot.graphs.prompts import director_messages
+from mascot.graphs.speaker import speaker_node
+from mascot.graphs.state import DirectorState, persona_speakers
+from mascot.graphs.user import USER_NODE, UserKind, user_node
+from mascot.rosters import USER, Roster
+
+#: Name of the Director node.
+DIRECTOR_NODE = "director"
+#: A rule that picks the next direction without a model (the baselines use these).
+DirectionRule = Callable[[DirectorState], StageDirection]
+
+
+def create_director_graph(
+    roster: Roster,
+    *,
+    director: BaseChatModel,
+    speakers: BaseChatModel | Mapping[str, BaseChatModel],
+    user: UserKind = None,
+    max_speakers_per_round: int = 3,
+    min_speakers_per_round: int = 1,
+    max_rounds: int = 5,
+    structured_output: bool = False,
+) -> StateGraph:
+    """Build the directed multi-persona conversation graph (uncompiled).
+
+    Each turn the Director's model writes a stage direction (JSON, or structured output
+    where the model supports it); it is validated against the roster, repaired or
+    replaced by the fallback with the reason recorded, and the graph goes to that
+    persona's node or to the person's turn.
+
+    Args:
+        roster: The personas, director guidance and user profiles.
+        director: Chat model of the Director.
+        speakers: One chat model for every persona, or one per persona id.
+        user: ``None`` (each run ends when the turn returns to the person), ``"human"``
+            (a LangGraph interrupt asks for the person's message) or a chat model that
+            simulates the person of ``state["user_profile"]``.
+        max_speakers_per_round: Persona turns before the turn returns to the person.
+        min_speakers_per_round: Persona turns before the Director may hand back.
+        max_rounds: Rounds after which the conversation ends.
+        structured_output: Ask the Director's model for structured output
+            (``with_structured_output``, JSON schema) instead of prompting for JSON.
+
+    Returns:
+        The ``StateGraph`` builder; compile it with the checkpointer of your choice.
+
+    Raises:
+        ValueError: on limits out of range or a speaker mapping that does not match
+            the roster's persona ids.
+    """
+    _check_limits(max_speakers_per_round, min_speakers_per_round, max_rounds)
+    model: Runnable = (
+        director.with_structured_output(DIRECTION_SCHEMA, method="json_schema", include_raw=True)
+        if structured_output
+        else director
+    )
+
+    def prompt(state: DirectorState) -> list[BaseMessage]:
+        return director_messages(
+            roster,
+            state.get("messages", []),
+            round_turns=state.get("round_turns", 0),
+            max_speakers_per_round=max_speakers_per_round,
+            min_speakers_per_round=min_speakers_per_round,
+        )
+
+    def decide(state: DirectorState, output: Any) -> Command:
+        return _route(
+            state,
+            interpret_direction(
+                _model_text(output),
+                roster,
+                recent_speakers=persona_speakers(state),
+                round_turns=state.get("round_turns", 0),
+                min_speakers_per_round=min_speakers_per_round,
+            ),
+        )
+
+    def direct(state: DirectorState) -> Command:
+        if state.get("round_turns", 0) >= max_speakers_per_round:
+            return _route(state, _hand_back())
+        return decide(state, model.invoke(prompt(state)))
+
+    async def adirect(state: DirectorState) -> Command:
+        if state.get("round_turns", 0) >= max_speakers_per_round:
+            return _route(state, _hand_back())
+        return decide(state, await model.ainvoke(prompt(state)))
+
+    node = RunnableLambda(direct, afunc=adirect, name=DIRECTOR_NODE)
+    return assemble_graph(roster, node, speakers=speakers, user=user, max_rounds=max_rounds)
+
+
+def rule_director(
+    rule: DirectionRule, *, max_speakers_per_round: int, min_speakers_per_round: int = 1
+) -> Runnable:
+    """A Director node that follows a rule instead of a model (for baselines).
+
+    Args:
+        rule: Picks the next direction from the state.
+        max_speakers_per_round: Persona turns before the turn returns to the person.
+        min_speakers_per_round: Persona turns before the rule may hand back.
+
+    Returns:
+        A node to pass to ``assemble_graph``.
+    """
+    _check_limits(max_speakers_per_round, min_speakers_per_round, 1)
+
+    def direct(state: DirectorState) -> Command:
+        if state.get("round_turns", 0) >= max_speakers_per_round:
+            return _route(state, _hand_back())
+        direction = rule(state)
+        if direction.speaker == USER and state.get("round_turns", 0) < min_speakers_per_round:
+            raise ValueError("a direction rule handed back before a persona spoke")
+        return _route(state, direction)
+
+    return RunnableLambda(direct, name=DIRECTOR_NODE)
+
+
+def assemble_graph(
+    roster: Roster,
+    director_node: Runnable,
+    *,
+    speakers: BaseChatModel | Mapping[str, BaseChatModel],
+    user: UserKind,
+    max_rounds: int,
+) -> StateGraph:
+    """Wire a Director node, one node per persona and the person's turn into a graph.
+
+    Args:
+        roster: The roster whose personas get a node each.
+        director_node: Returns ``Command(goto=<persona id> | "user")``.
+        speakers: One chat model for every persona, or one per persona id.
+        user: Who speaks for the person (see ``create_director_graph``).
+        max_rounds: Rounds after which the conversation ends.
+
+    Returns:
+        The uncompiled ``StateGraph``.
+
+    Raises:
+        ValueError: if ``speakers`` does not map exactly the roster's persona ids.
+    """
+    models = _speaker_models(roster, speakers)
+    graph = StateGraph(DirectorState)
+    graph.add_node(
+        DIRECTOR_NODE, director_node, destinations=(*roster.persona_ids, USER_NODE)
+    )
+    for persona in roster.personas:
+        graph.add_node(persona.id, speaker_node(roster, persona, models[persona.id]))
+        graph.add_edge(persona.id, DIRECTOR_NODE)
+    graph.add_node(
+        USER_NODE,
+        user_node(roster, user, max_rounds=max_rounds, next_node=DIRECTOR_NODE),
+        destinations=(DIRECTOR_NODE, "__end__"),
+    )
+    graph.add_conditional_edges(START, _entry, [DIRECTOR_NODE, USER_NODE])
+    return graph
+
+
+def _entry(state: DirectorState) -> str:
+    """Start with the Director when the person just spoke, else with the person's turn."""
+    messages = state.get("messages", [])
+    return DIRECTOR_NODE if messages and isinstance(messages[-1], HumanMessage) else USER_NODE
+
+
+def _route(state: DirectorState, direction: StageDirection) -> Command:
+    update: dict[str, Any] = {"directions": [direction.model_dump(exclude_none=True)]}
+    if direction.fallback:
+        update["fallbacks"] = [
+            {"node": DIRECTOR_NODE, "round": state.get("round", 0), "reason": direction.fallback}
+        ]
+    goto = USER_NODE if direction.speaker == USER else direction.speaker
+    return Command(goto=goto, update=update)
+
+
+def _hand_back() -> StageDirection:
+    return StageDirection(
+        speaker=USER,
+        action="Hand the turn back to the person.",
+        tone="natural",
+        rationale="turn limit of the round reached",
+    )
+
+
+def _model_text(output: Any) -> str | dict[str, Any]:
+    """The text (or parsed object) of a chat model or structured-output result."""
+    if isinstance(output, AIMessage):
+        return output.text
+    # with_structured_output(include_raw=True) returns {"raw", "parsed", "parsing_error"}
+    if isinstance(output.get("parsed"), dict):
+        return output["parsed"]
+    return output["raw"].text
+
+
+def _speaker_models(
+    roster: Roster, speakers: BaseChatModel | Mapping[str, BaseChatModel]
+) -> dict[str, BaseChatModel]:
+    if isinstance(speakers, BaseChatModel):
+        return {pid: speakers for pid in roster.persona_ids}
+    missing = sorted(set(roster.persona_ids) - set(speakers))
+    unknown = sorted(set(speakers) - set(roster.persona_ids))
+    if missing or unknown:
+        raise ValueError(
+            f"speakers must map every persona id of roster '{roster.id}' "
+            f"({', '.join(roster.persona_ids)}); missing: {', '.join(missing) or '-'}, "
+            f"unknown: {', '.join(unknown) or '-'}"
+        )
+    return dict(speakers)
+
+
+def _check_limits(max_speakers: int, min_speakers: int, max_rounds: int) -> None:
+    if max_speakers < 1:
+        raise ValueError(f"max_speakers_per_round must be >= 1, got {max_speakers}")
+    if not 0 <= min_speakers <= max_speakers:
+        raise ValueError(
+            f"min_speakers_per_round must be between 0 and max_speakers_per_round "
+            f"({max_speakers}), got {min_speakers}"
+        )
+    if max_rounds < 1:
+        raise ValueError(f"max_rounds must be >= 1, got {max_rounds}")

@@ -1,0 +1,70 @@
+"""Cleaning a generated turn so that it speaks only for its own speaker."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable
+
+_THINK = re.compile(r"<think>.*?(</think>|$)", re.DOTALL)
+_USER_LABELS = ("user", "person", "human", "client", "me")
+
+
+def speaker_labels(*names: str) -> list[str]:
+    """Return the labels a model may use for a speaker: as given, and without "The "."""
+    labels: list[str] = []
+    for name in names:
+        name = name.strip()
+        if not name:
+            continue
+        labels.append(name)
+        labels.append(name.replace("_", " "))
+        labels.append(re.sub(r"^the\s+", "", name, flags=re.IGNORECASE))
+    return sorted(set(labels), key=len, reverse=True)
+
+
+def user_labels(*names: str) -> list[str]:
+    """Labels of the person in the conversation (generic words plus given names)."""
+    return speaker_labels(*_USER_LABELS, *names)
+
+
+def clean_reply(text: str, *, own: Iterable[str], others: Iterable[str]) -> str:
+    """Strip the speaker's own name prefix and cut lines written for anyone else.
+
+    A model continuing a transcript tends to start with its own label
+    (``"The Anchor: ..."``, ``"[anchor] ..."``) and to go on writing other speakers'
+    lines (``"\\nCatalyst: ..."``). The first is removed; the reply is cut where the
+    second begins. Reasoning blocks (``<think>``) are dropped.
+
+    Args:
+        text: The generated text.
+        own: Labels of the speaker itself (see ``speaker_labels``).
+        others: Labels of every other speaker, the person included.
+
+    Returns:
+        The cleaned reply; empty when nothing of the speaker's own remains.
+    """
+    text = _THINK.sub("", text).strip()
+    own_prefix = re.compile(r"^\s*" + _label(own), re.IGNORECASE)
+    while True:
+        stripped = own_prefix.sub("", text, count=1).strip()
+        if stripped == text:
+            break
+        text = stripped
+    other_labels = list(others)
+    if other_labels:
+        other_line = re.compile(r"(?:^|\n)[ \t]*" + _label(other_labels), re.IGNORECASE)
+        match = other_line.search(text)
+        if match:
+            text = text[: match.start()]
+    return text.strip().strip('"').strip()
+
+
+def _label(labels: Iterable[str]) -> str:
+    """A pattern for a speaker label: ``[Name]``, ``Name:``, ``**Name** (role):``."""
+    names = "|".join(re.escape(label) for label in sorted(set(labels), key=len, reverse=True))
+    if not names:
+        return r"(?!x)x"
+    return (
+        r"(?:\[(?:" + names + r")\]\s*:?|[*_]{0,2}(?:" + names + r")[*_]{0,2}"
+        r"\s*(?:\([^)\n]{0,60}\))?\s*[*_]{0,2}\s*[:：])\s*"
+    )

@@ -1,0 +1,76 @@
+"""The persona speaker node: persona prompt + conversation + stage direction -> one turn."""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from langchain_core.language_models import BaseChatModel
+from langchain_core.messages import AIMessage, BaseMessage
+from langchain_core.runnables import RunnableLambda
+
+from mascot.graphs.direction import StageDirection
+from mascot.graphs.prompts import speaker_messages
+from mascot.graphs.reply import clean_reply, speaker_labels, user_labels
+from mascot.graphs.state import DirectorState
+from mascot.rosters import Persona, Roster
+
+logger = logging.getLogger(__name__)
+
+
+def speaker_node(roster: Roster, persona: Persona, model: BaseChatModel) -> RunnableLambda:
+    """Build the node in which ``persona`` speaks, following the latest stage direction.
+
+    The reply is attributed to the persona (``name=<persona id>``), carries the
+    direction under ``additional_kwargs["stage_direction"]`` and the model's metadata
+    (model name, adapter, token usage). Name prefixes are stripped and lines written
+    for other speakers are cut; an empty result is recorded as a fallback and the turn
+    is skipped.
+
+    Args:
+        roster: The roster the persona belongs to.
+        persona: The persona that speaks in this node.
+        model: The chat model that writes the persona's turns.
+
+    Returns:
+        A runnable node with sync and async paths.
+    """
+    own = speaker_labels(persona.id, persona.name)
+    others = user_labels() + speaker_labels(
+        *(label for p in roster.personas if p.id != persona.id for label in (p.id, p.name))
+    )
+
+    def prompt(state: DirectorState) -> tuple[StageDirection, list[BaseMessage]]:
+        direction = StageDirection.model_validate(state["directions"][-1])
+        return direction, speaker_messages(roster, persona, direction, state["messages"])
+
+    def finish(state: DirectorState, direction: StageDirection, reply: BaseMessage) -> dict[str, Any]:
+        text = clean_reply(reply.text, own=own, others=others)
+        update: dict[str, Any] = {"round_turns": state.get("round_turns", 0) + 1}
+        if not text:
+            logger.warning("%s gave an empty reply; turn skipped", persona.id)
+            update["fallbacks"] = [
+                {"node": persona.id, "round": state.get("round", 0), "reason": "empty reply; turn skipped"}
+            ]
+            return update
+        usage = reply.usage_metadata if isinstance(reply, AIMessage) else None
+        update["messages"] = [
+            AIMessage(
+                content=text,
+                name=persona.id,
+                additional_kwargs={"stage_direction": direction.model_dump(exclude_none=True)},
+                response_metadata=dict(reply.response_metadata),
+                usage_metadata=usage,
+            )
+        ]
+        return update
+
+    def speak(state: DirectorState) -> dict[str, Any]:
+        direction, messages = prompt(state)
+        return finish(state, direction, model.invoke(messages))
+
+    async def aspeak(state: DirectorState) -> dict[str, Any]:
+        direction, messages = prompt(state)
+        return finish(state, direction, await model.ainvoke(messages))
+
+    return RunnableLambda(speak, afunc=aspeak, name=persona.id)

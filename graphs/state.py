@@ -1,0 +1,82 @@
+"""The state shared by the director graph, its speakers and the user turn."""
+
+from __future__ import annotations
+
+import operator
+from typing import Annotated, Any, TypedDict
+
+from langchain_core.messages import AIMessage, AnyMessage
+from langgraph.graph.message import add_messages
+
+from mascot.graphs.direction import StageDirection
+
+
+class Fallback(TypedDict):
+    """A recorded repair or replacement of model output (never silent)."""
+
+    node: str
+    round: int
+    reason: str
+
+
+class DirectorState(TypedDict, total=False):
+    """State of a directed conversation.
+
+    Everything stored is plain JSON data, so any checkpointer serialises it without
+    registering types.
+
+    Attributes:
+        messages: The conversation. Persona turns are ``AIMessage`` with
+            ``name=<persona id>`` and the direction that produced them under
+            ``additional_kwargs["stage_direction"]``; the person's turns are
+            ``HumanMessage``.
+        directions: Every Director decision in order (``StageDirection.model_dump()``),
+            hand-backs to the person included.
+        fallbacks: Every repaired or replaced model output.
+        round: Completed rounds (a round ends when the turn returns to the person).
+        round_turns: Persona turns taken in the current round.
+        scenario: The opening scenario (``Scenario.model_dump()``), for simulated users.
+        user_profile: The simulated person (``UserProfile.model_dump()``).
+    """
+
+    messages: Annotated[list[AnyMessage], add_messages]
+    directions: Annotated[list[dict[str, Any]], operator.add]
+    fallbacks: Annotated[list[Fallback], operator.add]
+    round: int
+    round_turns: int
+    scenario: dict[str, Any] | None
+    user_profile: dict[str, Any] | None
+
+
+def stage_directions(state: DirectorState) -> list[StageDirection]:
+    """The Director's decisions of a state as typed objects."""
+    return [StageDirection.model_validate(d) for d in state.get("directions", [])]
+
+
+def persona_speakers(state: DirectorState) -> list[str]:
+    """Persona ids in the order their turns appear in the conversation."""
+    return [
+        m.name for m in state.get("messages", []) if isinstance(m, AIMessage) and m.name
+    ]
+
+
+def openai_messages(messages: list[AnyMessage]) -> list[dict[str, Any]]:
+    """The conversation in OpenAI chat format, with persona names and stage directions.
+
+    Persona turns become ``{"role": "assistant", "name": <persona id>, "content": ...,
+    "stage_direction": {...}}``; the person's turns ``{"role": "user", ...}``.
+    """
+    rows: list[dict[str, Any]] = []
+    for message in messages:
+        if isinstance(message, AIMessage):
+            row: dict[str, Any] = {"role": "assistant", "content": message.text}
+            if message.name:
+                row["name"] = message.name
+            if "stage_direction" in message.additional_kwargs:
+                row["stage_direction"] = message.additional_kwargs["stage_direction"]
+            rows.append(row)
+        elif message.type == "human":
+            rows.append({"role": "user", "content": message.text})
+        elif message.type == "system":
+            rows.append({"role": "system", "content": message.text})
+    return rows

@@ -1,0 +1,107 @@
+"""The person's turn: end of a round, then a simulated user, a human, or the caller."""
+
+from __future__ import annotations
+
+import logging
+from typing import Any, Literal
+
+from langchain_core.language_models import BaseChatModel
+from langchain_core.messages import BaseMessage, HumanMessage
+from langchain_core.runnables import RunnableLambda
+from langgraph.graph import END
+from langgraph.types import Command, interrupt
+
+from mascot.graphs.prompts import user_simulator_messages
+from mascot.graphs.reply import clean_reply, speaker_labels, user_labels
+from mascot.graphs.state import DirectorState
+from mascot.rosters import Roster, Scenario, UserProfile
+
+logger = logging.getLogger(__name__)
+
+#: Name of the node where the turn returns to the person.
+USER_NODE = "user"
+#: The user turn goes back to the Director, or ends the run.
+UserKind = BaseChatModel | Literal["human"] | None
+
+
+def user_node(roster: Roster, user: UserKind, *, max_rounds: int, next_node: str) -> RunnableLambda:
+    """Build the node where a round ends and the person speaks.
+
+    Ending a round increments ``round`` and resets ``round_turns``. Then, unless
+    ``max_rounds`` rounds are complete:
+
+    - ``user=None``: the run ends; the caller sends the next message in a new run on the
+      same thread (the usual way to embed the graph in an app).
+    - ``user="human"``: the graph interrupts; resume with ``Command(resume="text")``
+      (an empty resume ends the conversation).
+    - ``user=<chat model>``: the model plays ``state["user_profile"]``; the first message
+      of an empty conversation is the scenario's opening line.
+
+    Args:
+        roster: The roster the conversation uses.
+        user: Who speaks for the person.
+        max_rounds: Rounds after which the conversation ends.
+        next_node: Where the conversation continues after the person spoke.
+
+    Returns:
+        A runnable node that returns ``Command(goto=next_node | END)``.
+    """
+    own = user_labels()
+    others = speaker_labels(*(label for p in roster.personas for label in (p.id, p.name)))
+
+    def close_round(state: DirectorState) -> dict[str, Any]:
+        played = 1 if state.get("round_turns", 0) > 0 else 0
+        return {"round": state.get("round", 0) + played, "round_turns": 0}
+
+    def prompt(state: DirectorState) -> list[BaseMessage]:
+        profile_data = state.get("user_profile")
+        if not profile_data:
+            raise ValueError("a simulated user needs 'user_profile' in the graph input")
+        scenario_data = state.get("scenario")
+        profile = UserProfile.model_validate(profile_data)
+        scenario = Scenario.model_validate(scenario_data) if scenario_data else None
+        return user_simulator_messages(roster, profile, scenario, state.get("messages", []))
+
+    def reply_command(update: dict[str, Any], text: str) -> Command:
+        text = clean_reply(text, own=own, others=others)
+        if not text:
+            logger.warning("user simulator gave an empty reply; conversation ended")
+            update["fallbacks"] = [
+                {"node": USER_NODE, "round": update["round"], "reason": "empty reply; conversation ended"}
+            ]
+            return Command(goto=END, update=update)
+        update["messages"] = [HumanMessage(text)]
+        return Command(goto=next_node, update=update)
+
+    def begin(state: DirectorState) -> tuple[dict[str, Any], Command | None]:
+        update = close_round(state)
+        if update["round"] >= max_rounds or user is None:
+            return update, Command(goto=END, update=update)
+        scenario = state.get("scenario")
+        if not state.get("messages") and scenario and user != "human":
+            opening = Scenario.model_validate(scenario).opening
+            return update, Command(goto=next_node, update={**update, "messages": [HumanMessage(opening)]})
+        return update, None
+
+    def take_turn(state: DirectorState) -> Command:
+        update, done = begin(state)
+        if done is not None:
+            return done
+        if user == "human":
+            answer = interrupt({"round": update["round"], "roster": roster.id})
+            if not isinstance(answer, str) or not answer.strip():
+                return Command(goto=END, update=update)
+            update["messages"] = [HumanMessage(answer.strip())]
+            return Command(goto=next_node, update=update)
+        assert isinstance(user, BaseChatModel)
+        return reply_command(update, user.invoke(prompt(state)).text)
+
+    async def atake_turn(state: DirectorState) -> Command:
+        if user == "human" or user is None:
+            return take_turn(state)
+        update, done = begin(state)
+        if done is not None:
+            return done
+        return reply_command(update, (await user.ainvoke(prompt(state))).text)
+
+    return RunnableLambda(take_turn, afunc=atake_turn, name=USER_NODE)

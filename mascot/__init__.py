@@ -1,0 +1,1 @@
+"""mascot: direct ensembles of LLM personas with a trained Director."""

@@ -1,0 +1,163 @@
+"""Loading and validating rosters and scenario files, shipped or user-written."""
+
+from __future__ import annotations
+
+import json
+from importlib import resources
+from pathlib import Path
+from typing import TypeVar
+
+import yaml
+from pydantic import BaseModel, ValidationError
+
+from mascot.rosters.models import Roster, Scenario
+
+_DATA = "data"
+_ROSTER_FILE = "roster.yaml"
+_SCENARIO_FILE = "scenarios.jsonl"
+
+
+class RosterError(ValueError):
+    """A roster or scenario file is missing or does not validate.
+
+    The message is one line naming the file, the field and the problem.
+    """
+
+
+def list_rosters() -> list[str]:
+    """Return the ids of the rosters that ship with mascot, sorted."""
+    root = resources.files(__package__).joinpath(_DATA)
+    return sorted(p.name for p in root.iterdir() if p.joinpath(_ROSTER_FILE).is_file())
+
+
+def roster_path(name_or_path: str | Path) -> Path:
+    """Resolve a shipped roster id or a path to the roster YAML file.
+
+    Args:
+        name_or_path: A shipped roster id (``emotional_support``), a YAML file, or a
+            directory holding ``roster.yaml``.
+
+    Returns:
+        The path of the roster YAML file.
+
+    Raises:
+        RosterError: if nothing of that name exists; the message lists shipped ids.
+    """
+    text = str(name_or_path)
+    if text in list_rosters():
+        return Path(str(resources.files(__package__).joinpath(_DATA, text, _ROSTER_FILE)))
+    path = Path(text).expanduser()
+    if path.is_dir():
+        path = path / _ROSTER_FILE
+    if path.is_file():
+        return path
+    raise RosterError(
+        f"unknown roster '{text}': not a shipped roster ({', '.join(list_rosters())}) "
+        "and no such file"
+    )
+
+
+def load_roster(name_or_path: str | Path) -> Roster:
+    """Load and validate a roster.
+
+    Args:
+        name_or_path: A shipped roster id, a roster YAML file, or its directory.
+
+    Returns:
+        The validated roster.
+
+    Raises:
+        RosterError: on a missing file, malformed YAML, unknown or missing fields,
+            duplicate ids or out-of-range values, with a one-line message.
+    """
+    path = roster_path(name_or_path)
+    data = _read_yaml(path)
+    return _validate(Roster, data, path)
+
+
+def load_scenarios(name_or_path: str | Path) -> list[Scenario]:
+    """Load the opening scenarios of a roster or from a JSONL file.
+
+    Args:
+        name_or_path: A shipped roster id, a roster directory holding
+            ``scenarios.jsonl``, or a JSONL file with one scenario object per line.
+
+    Returns:
+        The scenarios in file order.
+
+    Raises:
+        RosterError: on a missing file, a line that is not JSON, an invalid scenario,
+            duplicate scenario ids or an empty file.
+    """
+    text = str(name_or_path)
+    if text in list_rosters():
+        path = Path(str(resources.files(__package__).joinpath(_DATA, text, _SCENARIO_FILE)))
+    else:
+        path = Path(text).expanduser()
+        if path.is_dir():
+            path = path / _SCENARIO_FILE
+    if not path.is_file():
+        raise RosterError(f"{path}: no such scenario file")
+    scenarios: list[Scenario] = []
+    seen: set[str] = set()
+    for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), start=1):
+        if not line.strip():
+            continue
+        try:
+            data = json.loads(line)
+        except json.JSONDecodeError as exc:
+            raise RosterError(f"{path}:{number}: not valid JSON ({exc.msg})") from None
+        scenario = _validate(Scenario, data, f"{path}:{number}")
+        if scenario.id in seen:
+            raise RosterError(f"{path}:{number}: duplicate scenario id '{scenario.id}'")
+        seen.add(scenario.id)
+        scenarios.append(scenario)
+    if not scenarios:
+        raise RosterError(f"{path}: no scenarios in file")
+    return scenarios
+
+
+def _read_yaml(path: Path) -> object:
+    try:
+        return yaml.safe_load(path.read_text(encoding="utf-8"))
+    except yaml.MarkedYAMLError as exc:
+        line = f":{exc.problem_mark.line + 1}" if exc.problem_mark is not None else ""
+        raise RosterError(f"{path}{line}: malformed YAML ({exc.problem})") from None
+    except yaml.YAMLError as exc:
+        raise RosterError(f"{path}: malformed YAML ({exc})") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise RosterError(f"{path}: cannot read file ({exc})") from None
+
+
+_M = TypeVar("_M", bound=BaseModel)
+
+
+def _validate(model: type[_M], data: object, where: object) -> _M:
+    if not isinstance(data, dict):
+        raise RosterError(f"{where}: expected a mapping at the top level, got {type(data).__name__}")
+    try:
+        return model.model_validate(data)
+    except ValidationError as exc:
+        error = exc.errors()[0]
+        field = ".".join(str(part) for part in error["loc"]) or "(top level)"
+        message = error["msg"]
+        if error["type"] == "extra_forbidden":
+            valid = ", ".join(_field_names(model, error["loc"][:-1]))
+            message = f"unknown field (valid fields: {valid})"
+        more = f" (and {exc.error_count() - 1} more problems)" if exc.error_count() > 1 else ""
+        raise RosterError(f"{where}: field '{field}': {message}{more}") from None
+
+
+def _field_names(model: type[BaseModel], loc: tuple[int | str, ...]) -> list[str]:
+    """Return the field names of the (nested) model that ``loc`` points into."""
+    current: type[BaseModel] = model
+    for part in loc:
+        if isinstance(part, int):
+            continue
+        annotation = current.model_fields[str(part)].annotation
+        inner = getattr(annotation, "__args__", (annotation,))[0]  # list[X] -> X
+        if isinstance(inner, type) and issubclass(inner, BaseModel):
+            current = inner
+        elif isinstance(annotation, type) and issubclass(annotation, BaseModel):
+            current = annotation
+    return sorted(current.model_fields)
