@@ -1,0 +1,126 @@
+"""Policy files: which model answers for which role (YAML, validated)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from mascot.rosters import Roster
+
+#: Roles every roster has besides its personas. ``default`` answers for any role the
+#: file does not name.
+FIXED_ROLES = ("director", "user", "judge", "default")
+
+
+class PolicyError(ValueError):
+    """A policy file or flag combination is invalid; the message is one line."""
+
+
+class PolicySpec(BaseModel):
+    """How one role is answered.
+
+    Attributes:
+        kind: ``local`` (the in-process transformers backend) or ``openai`` (any
+            OpenAI-compatible endpoint: OpenAI, vLLM, the local server).
+        model: Hub id or directory of the base model (``local``), or the served model
+            name (``openai``; with vLLM this names the LoRA adapter).
+        adapter: PEFT adapter directory (``local`` only); relative paths are taken from
+            the policy file's folder, as are ``local`` model paths starting with ``.``.
+        version: Adapter version recorded with each reply.
+        base_url: Endpoint URL (``openai`` only); ``None`` means OpenAI's own.
+        api_key_env: Name of the environment variable holding the API key (``openai``
+            only). The key itself is never written to a file or a log.
+        temperature: Sampling temperature.
+        max_tokens: Length limit per reply.
+        timeout: Seconds per request (``openai`` only).
+        max_retries: Retries on connection errors, 429 and 5xx (``openai`` only).
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    kind: Literal["local", "openai"] = "local"
+    model: str = Field(min_length=1)
+    adapter: str | None = None
+    version: str | None = None
+    base_url: str | None = None
+    api_key_env: str | None = Field(default=None, pattern=r"^[A-Za-z_][A-Za-z0-9_]*$")
+    temperature: float = Field(default=0.7, ge=0.0, le=2.0)
+    max_tokens: int = Field(default=256, ge=1)
+    timeout: float = Field(default=60.0, gt=0)
+    max_retries: int = Field(default=2, ge=0)
+
+    @model_validator(mode="after")
+    def _fields_fit_kind(self) -> PolicySpec:
+        if self.kind == "local" and (self.base_url or self.api_key_env):
+            raise ValueError("base_url and api_key_env are for kind 'openai', not 'local'")
+        if self.kind == "openai" and self.adapter:
+            raise ValueError(
+                "adapter is for kind 'local'; with a server, name the adapter in 'model'"
+            )
+        return self
+
+
+class PolicyFile(BaseModel):
+    """A policy file: ``defaults`` merged into every entry of ``roles``."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    version: Literal[1] = 1
+    defaults: dict[str, object] = Field(default_factory=dict)
+    roles: dict[str, dict[str, object]] = Field(default_factory=dict)
+
+
+def load_policy_specs(path: str | Path, roster: Roster) -> dict[str, PolicySpec]:
+    """Read a policy file and validate every role against the roster.
+
+    Args:
+        path: The YAML policy file.
+        roster: The roster whose persona ids are valid roles (besides ``FIXED_ROLES``).
+
+    Returns:
+        Role -> spec, with ``defaults`` applied and adapter paths made absolute. Roles
+        the file does not name fall back to ``default`` when the caller asks for them.
+
+    Raises:
+        PolicyError: on a missing file, malformed YAML, an unknown role or an invalid
+            entry; the message names the file, the role and the field.
+    """
+    path = Path(path).expanduser()
+    try:
+        data = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except OSError as exc:
+        raise PolicyError(f"{path}: cannot read policy file ({exc.strerror})") from None
+    except yaml.YAMLError as exc:
+        raise PolicyError(f"{path}: malformed YAML ({str(exc).splitlines()[0]})") from None
+    try:
+        policy_file = PolicyFile.model_validate(data)
+    except ValidationError as exc:
+        raise PolicyError(f"{path}: {_first_error(exc)}") from None
+    valid = (*FIXED_ROLES, *roster.persona_ids)
+    specs: dict[str, PolicySpec] = {}
+    for role, entry in policy_file.roles.items():
+        if role not in valid:
+            raise PolicyError(
+                f"{path}: unknown role '{role}' for roster '{roster.id}'; valid: {', '.join(valid)}"
+            )
+        try:
+            spec = PolicySpec.model_validate({**policy_file.defaults, **(entry or {})})
+        except ValidationError as exc:
+            raise PolicyError(f"{path}: role '{role}': {_first_error(exc)}") from None
+        if spec.adapter:
+            spec = spec.model_copy(update={"adapter": str((path.parent / spec.adapter).resolve())})
+        if spec.kind == "local" and spec.model.startswith("."):
+            spec = spec.model_copy(update={"model": str((path.parent / spec.model).resolve())})
+        specs[role] = spec
+    if not specs:
+        raise PolicyError(f"{path}: no roles defined")
+    return specs
+
+
+def _first_error(exc: ValidationError) -> str:
+    error = exc.errors()[0]
+    field = ".".join(str(part) for part in error["loc"]) or "(top level)"
+    return f"field '{field}': {error['msg']}"
