@@ -1,0 +1,34 @@
+"""Shared fixtures: offline settings and tiny models built on the spot."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+os.environ["HF_HUB_OFFLINE"] = "1"
+os.environ["TRANSFORMERS_OFFLINE"] = "1"
+
+from mascot.rosters import Roster, load_roster  # noqa: E402
+
+
+@pytest.fixture(scope="session")
+def roster() -> Roster:
+    return load_roster("emotional_support")
+
+
+@pytest.fixture(scope="session")
+def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A tiny Qwen3-architecture model with one non-zero LoRA adapter per persona."""
+    from mascot.tiny_model import build_tiny_model
+
+    return build_tiny_model(tmp_path_factory.mktemp("tiny") / "qwen3", with_adapters=True)
+
+
+@pytest.fixture(scope="session")
+def tiny_llama(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A tiny Llama-architecture model (nothing may assume one model family)."""
+    from mascot.tiny_model import build_tiny_model
+
+    return build_tiny_model(tmp_path_factory.mktemp("tiny") / "llama", arch="llama")

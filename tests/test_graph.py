@@ -1,0 +1,270 @@
+from __future__ import annotations
+
+import asyncio
+import json
+import sqlite3
+from pathlib import Path
+from typing import Annotated, TypedDict
+
+import pytest
+from langchain_core.messages import AIMessage, AIMessageChunk, AnyMessage, HumanMessage
+from langgraph.checkpoint.memory import InMemorySaver
+from langgraph.checkpoint.sqlite import SqliteSaver
+from langgraph.graph import END, START, StateGraph
+from langgraph.graph.message import add_messages
+from langgraph.types import Command
+
+from fakes import ScriptedChat
+from mascot.graphs import (
+    BASELINES,
+    create_baseline_graph,
+    create_director_graph,
+    openai_messages,
+    stage_directions,
+)
+from mascot.rosters import USER, load_roster, load_scenarios
+
+SNAPSHOTS = Path(__file__).parent / "snapshots"
+
+
+def d(speaker: str, action: str = "speak", tone: str = "warm") -> str:
+    return json.dumps({"speaker": speaker, "action": action, "tone": tone})
+
+
+def persona_turns(state) -> list[tuple[str, str]]:
+    return [(m.name, m.text) for m in state["messages"] if isinstance(m, AIMessage)]
+
+
+def test_one_round_turn_by_turn(roster) -> None:
+    director = ScriptedChat(replies=[d("anchor", "validate"), d("catalyst", "probe 'again'"), d(USER, "ask")])
+    speakers = {
+        "anchor": ScriptedChat(replies=["The Anchor: That sounds really discouraging."]),
+        "catalyst": ScriptedChat(replies=["What makes this attempt feel like a verdict?\nBeacon: you grew"]),
+        "beacon": ScriptedChat(replies=[]),
+        "action_guide": ScriptedChat(replies=[]),
+    }
+    graph = create_director_graph(roster, director=director, speakers=speakers).compile()
+    state = graph.invoke({"messages": [HumanMessage("I failed my driving test again")]})
+    assert persona_turns(state) == [
+        ("anchor", "That sounds really discouraging."),
+        ("catalyst", "What makes this attempt feel like a verdict?"),
+    ]
+    assert [x.speaker for x in stage_directions(state)] == ["anchor", "catalyst", USER]
+    assert state["fallbacks"] == []
+    assert state["round"] == 1 and state["round_turns"] == 0
+    # each persona turn carries the direction that produced it
+    assert state["messages"][2].additional_kwargs["stage_direction"]["action"] == "probe 'again'"
+    # the director saw the roster and the conversation; speakers saw their direction
+    director_prompt = director.calls[0][0].text
+    assert "The Catalyst" in director_prompt and '"anchor"' in director_prompt
+    assert "I failed my driving test again" in director.calls[0][1].text
+    catalyst_prompt = speakers["catalyst"].calls[0]
+    assert catalyst_prompt[0].text.startswith("You are The Catalyst")
+    assert "The Anchor: That sounds really discouraging." in catalyst_prompt[-1].text
+    assert "action: probe 'again'" in catalyst_prompt[-1].text
+    rows = openai_messages(state["messages"])
+    assert rows[1] == {"role": "assistant", "content": "That sounds really discouraging.", "name": "anchor",
+                       "stage_direction": {"speaker": "anchor", "action": "validate", "tone": "warm"}}
+
+
+def test_turn_limit_and_recorded_fallbacks(roster) -> None:
+    director = ScriptedChat(replies=["no idea", d("socrates"), d("beacon")])
+    speakers = ScriptedChat(replies=["one", "", "three"])
+    graph = create_director_graph(roster, director=director, speakers=speakers, max_speakers_per_round=3).compile()
+    state = graph.invoke({"messages": [HumanMessage("hi")]})
+    # "no idea" -> least recently heard (anchor); unknown speaker -> catalyst; then beacon
+    assert [x.speaker for x in stage_directions(state)] == ["anchor", "catalyst", "beacon", USER]
+    assert persona_turns(state) == [("anchor", "one"), ("beacon", "three")]
+    reasons = [(f["node"], f["reason"]) for f in state["fallbacks"]]
+    assert reasons == [
+        ("director", "reply is not JSON"),
+        ("director", "unknown speaker 'socrates'"),
+        ("catalyst", "empty reply; turn skipped"),
+    ]
+    assert stage_directions(state)[-1].rationale == "turn limit of the round reached"
+    assert len(director.calls) == 3  # the hand-back at the limit needs no model call
+
+
+def test_structured_output_path(roster) -> None:
+    class Structured(ScriptedChat):
+        def with_structured_output(self, schema, **kwargs):  # the OpenAI path, scripted
+            assert kwargs == {"method": "json_schema", "include_raw": True}
+            assert schema["title"] == "StageDirection"
+            from langchain_core.runnables import RunnableLambda
+
+            def parse(messages):
+                raw = self.invoke(messages)
+                return {"raw": raw, "parsed": json.loads(raw.text), "parsing_error": None}
+
+            return RunnableLambda(parse)
+
+    director = Structured(replies=[d("beacon"), d(USER)])
+    graph = create_director_graph(roster, director=director, speakers=ScriptedChat(replies=["hope"]),
+                                  structured_output=True).compile()
+    state = graph.invoke({"messages": [HumanMessage("hi")]})
+    assert persona_turns(state) == [("beacon", "hope")]
+
+
+def test_simulated_user_runs_rounds_until_max(roster) -> None:
+    scenario = load_scenarios("emotional_support")[0]
+    profile = roster.user_profiles[0]
+    director = ScriptedChat(replies=[d("anchor"), d(USER), d("catalyst"), d(USER)])
+    speakers = ScriptedChat(replies=["I hear you.", "What is behind that?"])
+    user = ScriptedChat(replies=["Person: It just keeps happening.\nThe Anchor: I hear"])
+    graph = create_director_graph(roster, director=director, speakers=speakers, user=user, max_rounds=2).compile()
+    state = graph.invoke({"messages": [], "scenario": scenario.model_dump(), "user_profile": profile.model_dump()})
+    kinds = [(type(m).__name__, m.text) for m in state["messages"]]
+    assert kinds == [
+        ("HumanMessage", scenario.opening),
+        ("AIMessage", "I hear you."),
+        ("HumanMessage", "It just keeps happening."),
+        ("AIMessage", "What is behind that?"),
+    ]
+    assert state["round"] == 2
+    system = user.calls[0][0].text
+    assert profile.name in system and scenario.context in system and "neuroticism" in system
+
+
+def test_simulator_needs_a_profile(roster) -> None:
+    graph = create_director_graph(roster, director=ScriptedChat(replies=[]), speakers=ScriptedChat(replies=[]),
+                                  user=ScriptedChat(replies=[])).compile()
+    with pytest.raises(ValueError, match="user_profile"):
+        graph.invoke({"messages": [AIMessage("hello", name="anchor")], "round_turns": 1})
+
+
+def test_human_in_the_loop_with_sqlite_checkpointer(roster, tmp_path: Path) -> None:
+    director = ScriptedChat(replies=[d("anchor"), d(USER), d("action_guide"), d(USER)])
+    speakers = ScriptedChat(replies=["That hurts.", "Book one lesson this week."])
+    connection = sqlite3.connect(tmp_path / "chat.db", check_same_thread=False)
+    graph = create_director_graph(roster, director=director, speakers=speakers, user="human",
+                                  max_rounds=3).compile(checkpointer=SqliteSaver(connection))
+    config = {"configurable": {"thread_id": "t1"}}
+    first = graph.invoke({"messages": [HumanMessage("I failed again")]}, config)
+    assert first["__interrupt__"][0].value == {"round": 1, "roster": "emotional_support"}
+    second = graph.invoke(Command(resume="What should I do?"), config)
+    assert persona_turns(second)[-1] == ("action_guide", "Book one lesson this week.")
+    assert "__interrupt__" in second
+    final = graph.invoke(Command(resume=""), config)  # an empty answer ends the conversation
+    assert "__interrupt__" not in final
+    assert not graph.get_state(config).next
+    assert [type(m).__name__ for m in final["messages"]] == ["HumanMessage", "AIMessage", "HumanMessage", "AIMessage"]
+
+
+def test_app_mode_continues_a_thread(roster) -> None:
+    director = ScriptedChat(replies=[d("anchor"), d(USER), d("catalyst"), d(USER)])
+    graph = create_director_graph(roster, director=director, speakers=ScriptedChat(replies=["a", "b"])).compile(
+        checkpointer=InMemorySaver())
+    config = {"configurable": {"thread_id": "app"}}
+    graph.invoke({"messages": [HumanMessage("first")]}, config)
+    state = graph.invoke({"messages": [HumanMessage("second")]}, config)
+    assert persona_turns(state) == [("anchor", "a"), ("catalyst", "b")]
+    assert state["round"] == 2
+
+
+class Parent(TypedDict):
+    messages: Annotated[list[AnyMessage], add_messages]
+    notes: list[str]
+
+
+def test_subgraph_in_parent_graph_with_interrupt(roster, tmp_path: Path) -> None:
+    director = ScriptedChat(replies=[d("beacon"), d(USER), d("anchor"), d(USER)])
+    ensemble = create_director_graph(roster, director=director, speakers=ScriptedChat(replies=["x", "y"]),
+                                     user="human", max_rounds=2).compile()
+    parent = StateGraph(Parent)
+    parent.add_node("intake", lambda state: {"notes": ["intake done"]})
+    parent.add_node("ensemble", ensemble)
+    parent.add_node("wrap_up", lambda state: {"notes": state["notes"] + [f"{len(state['messages'])} messages"]})
+    parent.add_edge(START, "intake")
+    parent.add_edge("intake", "ensemble")
+    parent.add_edge("ensemble", "wrap_up")
+    parent.add_edge("wrap_up", END)
+    connection = sqlite3.connect(tmp_path / "parent.db", check_same_thread=False)
+    app = parent.compile(checkpointer=SqliteSaver(connection))
+    config = {"configurable": {"thread_id": "p"}}
+    paused = app.invoke({"messages": [HumanMessage("hello")], "notes": []}, config)
+    assert "__interrupt__" in paused
+    done = app.invoke(Command(resume="tell me more"), config)
+    assert done["notes"] == ["intake done", "4 messages"]
+    assert [m.name for m in done["messages"] if isinstance(m, AIMessage)] == ["beacon", "anchor"]
+
+
+def test_streaming_messages_and_updates(roster) -> None:
+    director = ScriptedChat(replies=[d("anchor"), d(USER)])
+    graph = create_director_graph(roster, director=director,
+                                  speakers=ScriptedChat(replies=["I am right here with you"])).compile()
+    tokens, updates = [], []
+    for mode, chunk in graph.stream({"messages": [HumanMessage("hi")]}, stream_mode=["messages", "updates"]):
+        if mode == "messages" and chunk[1]["langgraph_node"] == "anchor" and isinstance(chunk[0], AIMessageChunk):
+            tokens.append(chunk[0].text)
+        elif mode == "updates":
+            updates.append(next(iter(chunk)))
+    assert len(tokens) >= 5 and "".join(tokens).strip() == "I am right here with you"
+    assert updates == ["director", "anchor", "director", "user"]
+
+
+def test_async_invoke(roster) -> None:
+    director = ScriptedChat(replies=[d("catalyst"), d(USER)])
+    graph = create_director_graph(roster, director=director, speakers=ScriptedChat(replies=["why?"])).compile()
+    state = asyncio.run(graph.ainvoke({"messages": [HumanMessage("hi")]}))
+    assert persona_turns(state) == [("catalyst", "why?")]
+
+
+def test_speaker_mapping_must_match_roster(roster) -> None:
+    with pytest.raises(ValueError, match="missing: action_guide, beacon, catalyst"):
+        create_director_graph(roster, director=ScriptedChat(replies=[]), speakers={"anchor": ScriptedChat(replies=[])})
+    with pytest.raises(ValueError, match="max_rounds must be >= 1"):
+        create_director_graph(roster, director=ScriptedChat(replies=[]), speakers=ScriptedChat(replies=[]), max_rounds=0)
+
+
+@pytest.mark.parametrize(
+    ("kind", "expected"),
+    [
+        ("round_robin", [["anchor", "catalyst"], ["beacon", "action_guide"]]),
+        ("all", [["anchor", "catalyst", "beacon", "action_guide"]] * 2),
+        ("single", [["assistant"], ["assistant"]]),
+    ],
+)
+def test_baselines(roster, kind: str, expected: list[list[str]]) -> None:
+    speakers = ScriptedChat(replies=[f"turn {i}" for i in range(20)])
+    graph = create_baseline_graph(kind, roster, speakers=speakers, user="human", max_speakers_per_round=2,
+                                  max_rounds=2).compile(checkpointer=InMemorySaver())
+    config = {"configurable": {"thread_id": kind}}
+    first = graph.invoke({"messages": [HumanMessage("hi")]}, config)
+    second = graph.invoke(Command(resume="more"), config)
+    names = [m.name for m in first["messages"] if isinstance(m, AIMessage)]
+    later = [m.name for m in second["messages"] if isinstance(m, AIMessage)][len(names):]
+    assert [names, later] == expected
+
+
+def test_random_baseline_is_seeded_and_distinct_per_round(roster) -> None:
+    def run(seed: int) -> list[str]:
+        graph = create_baseline_graph("random", roster, speakers=ScriptedChat(replies=["t"] * 10), seed=seed,
+                                      max_speakers_per_round=3).compile()
+        return [m.name for m in graph.invoke({"messages": [HumanMessage("hi")]})["messages"][1:]]
+
+    assert run(1) == run(1)
+    assert len(set(run(1))) == 3
+    assert {tuple(run(s)) for s in range(6)} != {tuple(run(1))}
+
+
+def _mermaid(builder) -> str:
+    return builder.compile().get_graph().draw_mermaid()
+
+
+@pytest.mark.parametrize("roster_id", ["emotional_support", "workplace_meeting"])
+@pytest.mark.parametrize("kind", ["director", *BASELINES])
+def test_mermaid_snapshot(roster_id: str, kind: str) -> None:
+    roster = load_roster(roster_id)
+    model = ScriptedChat(replies=[])
+    if kind == "director":
+        builder = create_director_graph(roster, director=model, speakers=model, user="human")
+    else:
+        builder = create_baseline_graph(kind, roster, speakers=model, user="human")
+    drawn = _mermaid(builder)
+    snapshot = SNAPSHOTS / f"{roster_id}-{kind}.mmd"
+    if not snapshot.exists():
+        snapshot.write_text(drawn)
+        pytest.fail(f"snapshot {snapshot.name} written; rerun")
+    assert drawn == snapshot.read_text()
+    for persona in roster.persona_ids if kind != "single" else ["assistant"]:
+        assert f"director -.-> {persona};" in drawn
