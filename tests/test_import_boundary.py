@@ -1,0 +1,54 @@
+"""mascot.graphs, mascot.rosters and mascot.policies (except the local backend) import
+without torch, and graphs and policies never import each other."""
+
+from __future__ import annotations
+
+import ast
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+BLOCK_TORCH = """
+import importlib.abc, sys
+class Block(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path=None, target=None):
+        if name.split('.')[0] in {'torch', 'transformers', 'peft', 'trl', 'accelerate', 'tokenizers'}:
+            raise ImportError('blocked: ' + name)
+sys.meta_path.insert(0, Block())
+"""
+
+
+def _run(code: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-c", BLOCK_TORCH + code], capture_output=True, text=True, timeout=120)
+
+
+def test_light_packages_import_without_torch() -> None:
+    result = _run("import mascot, mascot.rosters, mascot.graphs, mascot.policies, mascot.cli\n"
+                  "assert 'torch' not in sys.modules\nprint('ok')")
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "ok"
+
+
+def test_the_blocker_works() -> None:
+    result = _run("import mascot.policies.local")
+    assert result.returncode != 0 and "blocked: torch" in result.stderr
+
+
+def _imports(folder: str) -> set[str]:
+    names: set[str] = set()
+    for path in (ROOT / folder).rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and node.module:
+                names.add(node.module)
+            elif isinstance(node, ast.Import):
+                names.update(alias.name for alias in node.names)
+    return names
+
+
+def test_dependency_direction() -> None:
+    graphs, policies, rosters = _imports("graphs"), _imports("policies"), _imports("rosters")
+    assert not any(n.startswith("mascot.policies") for n in graphs)
+    assert not any(n.startswith("mascot.graphs") for n in policies)
+    assert not any(n.startswith(("mascot.graphs", "mascot.policies", "mascot.training")) for n in rosters)

@@ -1,0 +1,128 @@
+from __future__ import annotations
+
+import json
+import logging
+from pathlib import Path
+
+import httpx
+import pytest
+import yaml
+from langchain_core.messages import HumanMessage
+
+from mascot.graphs import create_director_graph
+from mascot.policies import Policies, PolicyError, PolicySpec, load_policy_specs, openai_chat_model
+from mascot.rosters import USER
+
+SECRET = "sk-test-must-never-leak-0123456789"
+
+
+def _write(tmp_path: Path, data: object) -> Path:
+    path = tmp_path / "policies.yaml"
+    path.write_text(data if isinstance(data, str) else yaml.safe_dump(data))
+    return path
+
+
+def test_policy_file_defaults_and_relative_paths(tmp_path: Path, roster) -> None:
+    path = _write(tmp_path, {
+        "defaults": {"kind": "local", "model": "."},
+        "roles": {"anchor": {"adapter": "adapters/anchor", "version": "3"},
+                  "director": {"kind": "openai", "model": "director-v2", "base_url": "http://127.0.0.1:9/v1",
+                               "api_key_env": "MASCOT_TEST_KEY"},
+                  "default": {}},
+    })
+    specs = load_policy_specs(path, roster)
+    assert specs["anchor"].adapter == str(tmp_path / "adapters" / "anchor")
+    assert specs["anchor"].model == str(tmp_path)
+    assert specs["director"].kind == "openai" and specs["director"].model == "director-v2"
+    policies = Policies(specs, roster)
+    assert policies.spec("beacon") == specs["default"]
+
+
+@pytest.mark.parametrize(
+    ("data", "expected"),
+    [
+        ({"roles": {"socrates": {"model": "m"}}}, "unknown role 'socrates' for roster 'emotional_support'; valid: director, user, judge, default, anchor"),
+        ({"roles": {"anchor": {"model": "m", "temprature": 1}}}, "role 'anchor': field 'temprature': Extra inputs are not permitted"),
+        ({"roles": {"anchor": {"kind": "openai", "model": "m", "adapter": "x"}}}, "adapter is for kind 'local'"),
+        ({"roles": {"anchor": {"kind": "local", "model": "m", "base_url": "http://x"}}}, "base_url and api_key_env are for kind 'openai'"),
+        ({"roles": {"anchor": {"kind": "cloud", "model": "m"}}}, "field 'kind'"),
+        ({"roles": {}}, "no roles defined"),
+        ({"rols": {}}, "field 'rols'"),
+        ("roles: [unclosed", "malformed YAML"),
+    ],
+)
+def test_bad_policy_files(tmp_path: Path, roster, data, expected: str) -> None:
+    path = _write(tmp_path, data)
+    with pytest.raises(PolicyError) as info:
+        load_policy_specs(path, roster)
+    assert expected in str(info.value) and "\n" not in str(info.value)
+
+
+def test_missing_policy_file(tmp_path: Path, roster) -> None:
+    with pytest.raises(PolicyError, match="cannot read policy file"):
+        load_policy_specs(tmp_path / "nope.yaml", roster)
+
+
+def test_missing_api_key_variable(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("MASCOT_TEST_KEY", raising=False)
+    spec = PolicySpec(kind="openai", model="m", base_url="http://127.0.0.1:9/v1", api_key_env="MASCOT_TEST_KEY")
+    with pytest.raises(PolicyError, match="MASCOT_TEST_KEY .* is not set"):
+        openai_chat_model(spec)
+
+
+def test_openai_compatible_roles_drive_the_graph(roster, monkeypatch, caplog, tmp_path: Path) -> None:
+    """Director and speakers over HTTP (MockTransport): request bodies, key handling, no leak."""
+    monkeypatch.setenv("MASCOT_TEST_KEY", SECRET)
+    requests: list[dict] = []
+    replies = iter([
+        json.dumps({"speaker": "catalyst", "action": "probe", "tone": "curious"}),
+        "What does 'again' mean to you?",
+        json.dumps({"speaker": USER, "action": "ask", "tone": "warm"}),
+    ])
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        body = json.loads(request.content)
+        requests.append({"url": str(request.url), "auth": request.headers["authorization"], "body": body})
+        return httpx.Response(200, json={
+            "id": "x", "object": "chat.completion", "created": 0, "model": body["model"],
+            "choices": [{"index": 0, "finish_reason": "stop",
+                         "message": {"role": "assistant", "content": next(replies)}}],
+            "usage": {"prompt_tokens": 10, "completion_tokens": 5, "total_tokens": 15},
+        })
+
+    path = _write(tmp_path, {
+        "defaults": {"kind": "openai", "base_url": "http://127.0.0.1:8000/v1", "api_key_env": "MASCOT_TEST_KEY",
+                     "max_tokens": 64},
+        "roles": {"director": {"model": "director-adapter"}, "default": {"model": "speaker-base"},
+                  "catalyst": {"model": "catalyst-adapter", "temperature": 0.2}},
+    })
+    policies = Policies.from_file(path, roster, seed=7, http_client=httpx.Client(transport=httpx.MockTransport(handler)))
+    caplog.set_level(logging.DEBUG)
+    graph = create_director_graph(roster, director=policies.chat_model("director"), speakers=policies.speakers(),
+                                  structured_output=True).compile()
+    state = graph.invoke({"messages": [HumanMessage("I failed my driving test again")]})
+    assert [(m.name, m.text) for m in state["messages"][1:]] == [("catalyst", "What does 'again' mean to you?")]
+    assert state["messages"][1].response_metadata["model_name"] == "catalyst-adapter"
+    assert [r["body"]["model"] for r in requests] == ["director-adapter", "catalyst-adapter", "director-adapter"]
+    assert requests[0]["url"] == "http://127.0.0.1:8000/v1/chat/completions"
+    assert requests[0]["body"]["response_format"]["type"] == "json_schema"
+    assert requests[1]["body"]["temperature"] == 0.2 and requests[1]["body"]["seed"] == 7
+    assert requests[1]["auth"] == f"Bearer {SECRET}"
+    assert SECRET not in repr(policies.chat_model("director"))
+    assert SECRET not in caplog.text
+    assert SECRET not in policies.describe("catalyst")
+
+
+def test_no_key_sent_without_api_key_env(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("OPENAI_API_KEY", SECRET)
+    seen = []
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        seen.append(request.headers["authorization"])
+        return httpx.Response(500, json={"error": {"message": "boom"}})
+
+    model = openai_chat_model(PolicySpec(kind="openai", model="m", base_url="http://127.0.0.1:8000/v1", max_retries=0),
+                              http_client=httpx.Client(transport=httpx.MockTransport(handler)))
+    with pytest.raises(Exception, match="boom"):
+        model.invoke("hi")
+    assert seen == ["Bearer EMPTY"]
