@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
@@ -102,6 +102,9 @@ class Scenario(_Strict):
     topics: list[str] = Field(default_factory=list, max_length=10)
 
 
+_Item = TypeVar("_Item", Persona, UserProfile)
+
+
 class Roster(_Strict):
     """A persona ensemble for one domain, with director guidance and user profiles."""
 
@@ -136,10 +139,7 @@ class Roster(_Strict):
         Raises:
             KeyError: if the roster has no such persona; the message lists the valid ids.
         """
-        for persona in self.personas:
-            if persona.id == persona_id:
-                return persona
-        raise KeyError(f"unknown persona '{persona_id}'; valid: {', '.join(self.persona_ids)}")
+        return _by_id(self.personas, persona_id, "persona")
 
     def profile(self, profile_id: str) -> UserProfile:
         """Return the user profile with this id.
@@ -147,8 +147,11 @@ class Roster(_Strict):
         Raises:
             KeyError: if the roster has no such profile; the message lists the valid ids.
         """
-        for profile in self.user_profiles:
-            if profile.id == profile_id:
-                return profile
-        valid = ", ".join(u.id for u in self.user_profiles)
-        raise KeyError(f"unknown user profile '{profile_id}'; valid: {valid}")
+        return _by_id(self.user_profiles, profile_id, "user profile")
+
+
+def _by_id(items: list[_Item], item_id: str, kind: str) -> _Item:
+    for item in items:
+        if item.id == item_id:
+            return item
+    raise KeyError(f"unknown {kind} '{item_id}'; valid: {', '.join(i.id for i in items)}")
