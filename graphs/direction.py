@@ -11,6 +11,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field
 from pydantic.json_schema import SkipJsonSchema
 
+from mascot.graphs.reply import strip_reasoning
 from mascot.rosters import USER, Roster
 
 logger = logging.getLogger(__name__)
@@ -19,7 +20,6 @@ FALLBACK_ACTION = "Respond to the latest message from your own perspective, addi
 FALLBACK_TONE = "natural"
 _DEFAULT_TONE = "natural"
 _USER_WORDS = {USER, "human", "person", "the_user", "the_person", "client"}
-_THINK = re.compile(r"<think>.*?(</think>|$)", re.DOTALL)
 _FENCE = re.compile(r"```(?:json)?\s*(.*?)```", re.DOTALL)
 
 
@@ -69,7 +69,7 @@ def read_direction_json(output: str) -> tuple[dict[str, Any], str | None]:
     Raises:
         DirectionError: if the text holds no JSON object.
     """
-    text = _THINK.sub("", output).strip()
+    text = strip_reasoning(output)
     if not text:
         raise DirectionError("empty reply")
     try:

@@ -27,6 +27,11 @@ def user_labels(*names: str) -> list[str]:
     return speaker_labels(*_USER_LABELS, *names)
 
 
+def strip_reasoning(text: str) -> str:
+    """Drop reasoning blocks (``<think>...</think>``, also an unclosed one) and trim."""
+    return _THINK.sub("", text).strip()
+
+
 def clean_reply(text: str, *, own: Iterable[str], others: Iterable[str]) -> str:
     """Strip the speaker's own name prefix and cut lines written for anyone else.
 
@@ -43,7 +48,7 @@ def clean_reply(text: str, *, own: Iterable[str], others: Iterable[str]) -> str:
     Returns:
         The cleaned reply; empty when nothing of the speaker's own remains.
     """
-    text = _THINK.sub("", text).strip()
+    text = strip_reasoning(text)
     own_prefix = re.compile(r"^\s*" + _label(own), re.IGNORECASE)
     while True:
         stripped = own_prefix.sub("", text, count=1).strip()

@@ -230,10 +230,10 @@ def _chat(args: argparse.Namespace) -> int:
         max_speakers_per_round=args.max_speakers,
         structured_output=director_spec.kind == "openai",
     )
-    if args.db != ":memory:" and not Path(args.db).expanduser().parent.is_dir():
+    db = args.db if args.db == ":memory:" else str(Path(args.db).expanduser())
+    if db != ":memory:" and not Path(db).parent.is_dir():
         raise UsageError(f"--db: directory of {args.db} does not exist")
-    connection = sqlite3.connect(str(Path(args.db).expanduser()) if args.db != ":memory:" else args.db,
-                                 check_same_thread=False)
+    connection = sqlite3.connect(db, check_same_thread=False)
     try:
         graph = builder.compile(checkpointer=SqliteSaver(connection))
         config = {"configurable": {"thread_id": args.thread_id or uuid.uuid4().hex}}

@@ -57,6 +57,7 @@ class Policies:
         self._http_async_client = http_async_client
         self._models: dict[str, BaseChatModel] = {}
         self._backends: dict[str, LocalBackend] = {}
+        self._adapter_names: dict[str, str] = {}  # adapter path -> name in its backend
 
     @classmethod
     def from_file(cls, path: str | Path, roster: Roster, **kwargs: object) -> Policies:
@@ -120,23 +121,16 @@ class Policies:
             adapters: dict[str, str] = {}
             versions: dict[str, str | None] = {}
             for other_role, other in self._local_roles(spec.model).items():
-                if other.adapter and other.adapter not in adapters.values():
+                if other.adapter and other.adapter not in self._adapter_names:
+                    self._adapter_names[other.adapter] = other_role
                     adapters[other_role] = other.adapter
                     versions[other_role] = other.version
             self._backends[spec.model] = LocalBackend.load(
                 spec.model, adapters=adapters, adapter_versions=versions
             )
-        backend = self._backends[spec.model]
-        adapter = None
-        if spec.adapter:
-            adapter = next(
-                role_name
-                for role_name, other in self._local_roles(spec.model).items()
-                if other.adapter == spec.adapter and role_name in backend.adapter_versions
-            )
         return LocalChatModel(
-            backend=backend,
-            adapter=adapter,
+            backend=self._backends[spec.model],
+            adapter=self._adapter_names[spec.adapter] if spec.adapter else None,
             max_new_tokens=spec.max_tokens,
             temperature=spec.temperature,
             seed=self.seed,
