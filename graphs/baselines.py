@@ -7,6 +7,7 @@ from collections.abc import Mapping
 
 from langchain_core.language_models import BaseChatModel
 from langgraph.graph import StateGraph
+from langgraph.types import RetryPolicy
 
 from mascot.graphs.director import assemble_graph, rule_director
 from mascot.graphs.direction import FALLBACK_ACTION, StageDirection
@@ -38,6 +39,7 @@ def create_baseline_graph(
     max_speakers_per_round: int = 3,
     max_rounds: int = 5,
     seed: int = 0,
+    retry_policy: RetryPolicy | None = None,
 ) -> StateGraph:
     """Build a baseline graph with the same state and user turn as the director graph.
 
@@ -50,6 +52,7 @@ def create_baseline_graph(
         max_speakers_per_round: Persona turns per round (``round_robin``, ``random``).
         max_rounds: Rounds after which the conversation ends.
         seed: Seed of the ``random`` order.
+        retry_policy: Retry policy of every node (see ``create_director_graph``).
 
     Returns:
         The uncompiled ``StateGraph``.
@@ -64,7 +67,9 @@ def create_baseline_graph(
             raise ValueError("the 'single' baseline takes one chat model as speakers")
         single = roster.model_copy(update={"id": f"{roster.id}_single", "personas": [ASSISTANT]})
         node = rule_director(lambda state: _direct(ASSISTANT.id, "single"), max_speakers_per_round=1)
-        return assemble_graph(single, node, speakers=speakers, user=user, max_rounds=max_rounds)
+        return assemble_graph(
+            single, node, speakers=speakers, user=user, max_rounds=max_rounds, retry_policy=retry_policy
+        )
     ids = roster.persona_ids
     if kind == "all":
         max_speakers_per_round = len(ids)
@@ -84,7 +89,9 @@ def create_baseline_graph(
 
     rule = {"round_robin": round_robin, "random": random_order, "all": all_speak}[kind]
     node = rule_director(rule, max_speakers_per_round=max_speakers_per_round)
-    return assemble_graph(roster, node, speakers=speakers, user=user, max_rounds=max_rounds)
+    return assemble_graph(
+        roster, node, speakers=speakers, user=user, max_rounds=max_rounds, retry_policy=retry_policy
+    )
 
 
 def _direct(speaker: str, rationale: str) -> StageDirection:

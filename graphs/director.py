@@ -9,7 +9,7 @@ from langchain_core.language_models import BaseChatModel
 from langchain_core.messages import AIMessage, BaseMessage, HumanMessage
 from langchain_core.runnables import Runnable, RunnableLambda
 from langgraph.graph import START, StateGraph
-from langgraph.types import Command
+from langgraph.types import Command, RetryPolicy
 
 from mascot.graphs.direction import DIRECTION_SCHEMA, StageDirection, interpret_direction
 from mascot.graphs.prompts import director_messages
@@ -34,6 +34,7 @@ def create_director_graph(
     min_speakers_per_round: int = 1,
     max_rounds: int = 5,
     structured_output: bool = False,
+    retry_policy: RetryPolicy | None = None,
 ) -> StateGraph:
     """Build the directed multi-persona conversation graph (uncompiled).
 
@@ -54,6 +55,8 @@ def create_director_graph(
         max_rounds: Rounds after which the conversation ends.
         structured_output: Ask the Director's model for structured output
             (``with_structured_output``, JSON schema) instead of prompting for JSON.
+        retry_policy: LangGraph retry policy of every node that calls a model (e.g.
+            retry server faults with backoff); ``None`` fails on the first error.
 
     Returns:
         The ``StateGraph`` builder; compile it with the checkpointer of your choice.
@@ -101,7 +104,9 @@ def create_director_graph(
         return decide(state, await model.ainvoke(prompt(state)))
 
     node = RunnableLambda(direct, afunc=adirect, name=DIRECTOR_NODE)
-    return assemble_graph(roster, node, speakers=speakers, user=user, max_rounds=max_rounds)
+    return assemble_graph(
+        roster, node, speakers=speakers, user=user, max_rounds=max_rounds, retry_policy=retry_policy
+    )
 
 
 def rule_director(
@@ -137,6 +142,7 @@ def assemble_graph(
     speakers: BaseChatModel | Mapping[str, BaseChatModel],
     user: UserKind,
     max_rounds: int,
+    retry_policy: RetryPolicy | None = None,
 ) -> StateGraph:
     """Wire a Director node, one node per persona and the person's turn into a graph.
 
@@ -146,6 +152,7 @@ def assemble_graph(
         speakers: One chat model for every persona, or one per persona id.
         user: Who speaks for the person (see ``create_director_graph``).
         max_rounds: Rounds after which the conversation ends.
+        retry_policy: Retry policy of every node (see ``create_director_graph``).
 
     Returns:
         The uncompiled ``StateGraph``.
@@ -156,15 +163,21 @@ def assemble_graph(
     models = _speaker_models(roster, speakers)
     graph = StateGraph(DirectorState)
     graph.add_node(
-        DIRECTOR_NODE, director_node, destinations=(*roster.persona_ids, USER_NODE)
+        DIRECTOR_NODE,
+        director_node,
+        destinations=(*roster.persona_ids, USER_NODE),
+        retry_policy=retry_policy,
     )
     for persona in roster.personas:
-        graph.add_node(persona.id, speaker_node(roster, persona, models[persona.id]))
+        graph.add_node(
+            persona.id, speaker_node(roster, persona, models[persona.id]), retry_policy=retry_policy
+        )
         graph.add_edge(persona.id, DIRECTOR_NODE)
     graph.add_node(
         USER_NODE,
         user_node(roster, user, max_rounds=max_rounds, next_node=DIRECTOR_NODE),
         destinations=(DIRECTOR_NODE, "__end__"),
+        retry_policy=retry_policy,
     )
     graph.add_conditional_edges(START, _entry, [DIRECTOR_NODE, USER_NODE])
     return graph

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import time
 from typing import Any
 
 from langchain_core.language_models import BaseChatModel
@@ -23,7 +24,7 @@ def speaker_node(roster: Roster, persona: Persona, model: BaseChatModel) -> Runn
 
     The reply is attributed to the persona (``name=<persona id>``), carries the
     direction under ``additional_kwargs["stage_direction"]`` and the model's metadata
-    (model name, adapter, token usage). Name prefixes are stripped and lines written
+    (model name, adapter, token usage, and the call's ``latency_s``). Name prefixes are stripped and lines written
     for other speakers are cut; an empty result is recorded as a fallback and the turn
     is skipped.
 
@@ -44,7 +45,9 @@ def speaker_node(roster: Roster, persona: Persona, model: BaseChatModel) -> Runn
         direction = StageDirection.model_validate(state["directions"][-1])
         return direction, speaker_messages(roster, persona, direction, state["messages"])
 
-    def finish(state: DirectorState, direction: StageDirection, reply: BaseMessage) -> dict[str, Any]:
+    def finish(
+        state: DirectorState, direction: StageDirection, reply: BaseMessage, latency_s: float
+    ) -> dict[str, Any]:
         text = clean_reply(reply.text, own=own, others=others)
         update: dict[str, Any] = {"round_turns": state.get("round_turns", 0) + 1}
         if not text:
@@ -59,7 +62,7 @@ def speaker_node(roster: Roster, persona: Persona, model: BaseChatModel) -> Runn
                 content=text,
                 name=persona.id,
                 additional_kwargs={"stage_direction": direction.model_dump(exclude_none=True)},
-                response_metadata=dict(reply.response_metadata),
+                response_metadata={**reply.response_metadata, "latency_s": round(latency_s, 4)},
                 usage_metadata=usage,
             )
         ]
@@ -67,10 +70,14 @@ def speaker_node(roster: Roster, persona: Persona, model: BaseChatModel) -> Runn
 
     def speak(state: DirectorState) -> dict[str, Any]:
         direction, messages = prompt(state)
-        return finish(state, direction, model.invoke(messages))
+        start = time.perf_counter()
+        reply = model.invoke(messages)
+        return finish(state, direction, reply, time.perf_counter() - start)
 
     async def aspeak(state: DirectorState) -> dict[str, Any]:
         direction, messages = prompt(state)
-        return finish(state, direction, await model.ainvoke(messages))
+        start = time.perf_counter()
+        reply = await model.ainvoke(messages)
+        return finish(state, direction, reply, time.perf_counter() - start)
 
     return RunnableLambda(speak, afunc=aspeak, name=persona.id)

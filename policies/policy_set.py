@@ -113,6 +113,17 @@ class Policies:
         adapter = f" + {Path(spec.adapter).name}" if spec.adapter else ""
         return f"{spec.model}{adapter} ({where})"
 
+    def record(self, role: str) -> dict[str, str | None]:
+        """What produced a role's turns, for episode records: ``model`` (the base model,
+        or the served name of an OpenAI-compatible model), ``adapter`` (its folder name)
+        and ``adapter_version``. Secret-free."""
+        spec = self.spec(role)
+        return {
+            "model": spec.model,
+            "adapter": Path(spec.adapter).name if spec.adapter else None,
+            "adapter_version": spec.version,
+        }
+
     def _local_model(self, role: str, spec: PolicySpec) -> BaseChatModel:
         # Imported here: the local backend needs torch, which the rest of policies must not.
         from mascot.policies.local import LocalBackend, LocalChatModel

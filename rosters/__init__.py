@@ -3,6 +3,7 @@
 from mascot.rosters.loader import (
     RosterError,
     list_rosters,
+    load_profiles,
     load_roster,
     load_scenarios,
     roster_path,
@@ -27,6 +28,7 @@ __all__ = [
     "Scenario",
     "UserProfile",
     "list_rosters",
+    "load_profiles",
     "load_roster",
     "load_scenarios",
     "roster_path",

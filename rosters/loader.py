@@ -10,7 +10,7 @@ from typing import TypeVar
 import yaml
 from pydantic import BaseModel, ValidationError
 
-from mascot.rosters.models import Roster, Scenario
+from mascot.rosters.models import Roster, Scenario, UserProfile
 
 _DATA = "data"
 _ROSTER_FILE = "roster.yaml"
@@ -96,10 +96,45 @@ def load_scenarios(name_or_path: str | Path) -> list[Scenario]:
         path = Path(text).expanduser()
         if path.is_dir():
             path = path / _SCENARIO_FILE
+    return _read_models(path, Scenario, "scenario")
+
+
+def load_profiles(path: str | Path) -> list[UserProfile]:
+    """Load user profiles for the simulator from a file.
+
+    Args:
+        path: A JSONL file (one profile per line), or a YAML file holding a list of
+            profiles or a mapping with ``user_profiles`` (a roster file works).
+
+    Returns:
+        The profiles in file order.
+
+    Raises:
+        RosterError: on a missing file, malformed content, an invalid profile,
+            duplicate ids or no profiles.
+    """
+    path = Path(path).expanduser()
+    if path.suffix != ".jsonl":
+        if not path.is_file():
+            raise RosterError(f"{path}: no such profile file")
+        data = _read_yaml(path)
+        if isinstance(data, dict) and "user_profiles" in data:
+            data = data["user_profiles"]
+        if not isinstance(data, list):
+            raise RosterError(f"{path}: expected a list of user profiles or a 'user_profiles' key")
+        profiles = [_validate(UserProfile, item, f"{path}: profile {i + 1}") for i, item in enumerate(data)]
+        return _unique(profiles, path, "user profile")
+    return _read_models(path, UserProfile, "user profile")
+
+
+_M = TypeVar("_M", Scenario, UserProfile)
+
+
+def _read_models(path: Path, model: type[_M], what: str) -> list[_M]:
+    """One validated object per line of a JSONL file, ids unique."""
     if not path.is_file():
-        raise RosterError(f"{path}: no such scenario file")
-    scenarios: list[Scenario] = []
-    seen: set[str] = set()
+        raise RosterError(f"{path}: no such {what} file")
+    items: list[_M] = []
     for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), start=1):
         if not line.strip():
             continue
@@ -107,14 +142,19 @@ def load_scenarios(name_or_path: str | Path) -> list[Scenario]:
             data = json.loads(line)
         except json.JSONDecodeError as exc:
             raise RosterError(f"{path}:{number}: not valid JSON ({exc.msg})") from None
-        scenario = _validate(Scenario, data, f"{path}:{number}")
-        if scenario.id in seen:
-            raise RosterError(f"{path}:{number}: duplicate scenario id '{scenario.id}'")
-        seen.add(scenario.id)
-        scenarios.append(scenario)
-    if not scenarios:
-        raise RosterError(f"{path}: no scenarios in file")
-    return scenarios
+        items.append(_validate(model, data, f"{path}:{number}"))
+    return _unique(items, path, what)
+
+
+def _unique(items: list[_M], path: Path, what: str) -> list[_M]:
+    seen: set[str] = set()
+    for item in items:
+        if item.id in seen:
+            raise RosterError(f"{path}: duplicate {what} id '{item.id}'")
+        seen.add(item.id)
+    if not items:
+        raise RosterError(f"{path}: no {what}s in file")
+    return items
 
 
 def _read_yaml(path: Path) -> object:
@@ -129,10 +169,10 @@ def _read_yaml(path: Path) -> object:
         raise RosterError(f"{path}: cannot read file ({exc})") from None
 
 
-_M = TypeVar("_M", bound=BaseModel)
+_B = TypeVar("_B", bound=BaseModel)
 
 
-def _validate(model: type[_M], data: object, where: object) -> _M:
+def _validate(model: type[_B], data: object, where: object) -> _B:
     if not isinstance(data, dict):
         raise RosterError(f"{where}: expected a mapping at the top level, got {type(data).__name__}")
     try:

@@ -1,0 +1,177 @@
+"""JSONL files that survive crashes: whole-line appends, torn-tail repair, atomic rewrites.
+
+Every record file of the pipeline (episodes, failures, traces) is JSONL. A record is
+written with one ``write`` call on a file opened for appending and flushed to disk, so a
+reader sees whole lines only; a process killed in the middle of a write can leave at most
+one torn last line, which ``repair_tail`` removes before anything is appended again.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import tempfile
+import threading
+from collections.abc import Callable, Iterable, Iterator
+from pathlib import Path
+from typing import Any
+
+logger = logging.getLogger(__name__)
+
+
+class JsonlError(ValueError):
+    """A record file cannot be used; the message is one line naming the file."""
+
+
+def check_writable(path: str | Path) -> Path:
+    """Return ``path`` as a ``Path`` if a record file can be created there.
+
+    Raises:
+        JsonlError: if its directory does not exist or ``path`` is a directory.
+    """
+    path = Path(path).expanduser()
+    if path.is_dir():
+        raise JsonlError(f"{path} is a directory, not a file")
+    if not path.parent.is_dir():
+        raise JsonlError(f"directory of {path} does not exist")
+    return path
+
+
+def read_jsonl(path: str | Path) -> Iterator[tuple[int, dict[str, Any]]]:
+    """Yield ``(line number, object)`` for every readable line of a JSONL file.
+
+    A line that is not a JSON object is skipped with a warning naming its number; the
+    rest of the file is still read. A missing file yields nothing.
+    """
+    path = Path(path)
+    if not path.exists():
+        return
+    with path.open("rb") as handle:
+        for number, raw in enumerate(handle, start=1):
+            if not raw.strip():
+                continue
+            torn = not raw.endswith(b"\n")
+            try:
+                record = json.loads(raw)
+            except (json.JSONDecodeError, UnicodeDecodeError):
+                record = None
+            if not isinstance(record, dict):
+                what = "torn last line (an interrupted write?)" if torn else "corrupt line"
+                logger.warning("%s:%d: skipped a %s", path, number, what)
+                continue
+            yield number, record
+
+
+def repair_tail(path: str | Path) -> bool:
+    """Make a JSONL file end with a whole line before anything is appended to it.
+
+    A last line without its newline is either complete JSON (a newline is added) or the
+    torn remains of an interrupted write (it is cut off, with a warning).
+
+    Returns:
+        Whether the file was changed.
+    """
+    path = Path(path)
+    if not path.is_file() or path.stat().st_size == 0:
+        return False
+    with path.open("rb+") as handle:
+        data = handle.read()
+        if data.endswith(b"\n"):
+            return False
+        start = data.rfind(b"\n") + 1
+        try:
+            json.loads(data[start:])
+        except (json.JSONDecodeError, UnicodeDecodeError):
+            logger.warning(
+                "%s: dropped a torn last line of %d bytes (an interrupted write)",
+                path,
+                len(data) - start,
+            )
+            handle.truncate(start)
+        else:
+            handle.write(b"\n")
+        handle.flush()
+        os.fsync(handle.fileno())
+    return True
+
+
+class JsonlAppender:
+    """Appends records to a JSONL file, one whole line per ``write``, flushed to disk.
+
+    Safe to share between threads. Open it as a context manager or call ``close``.
+    """
+
+    def __init__(
+        self,
+        path: str | Path,
+        *,
+        redact: Callable[[str], str] | None = None,
+        fsync: bool = True,
+    ) -> None:
+        """Open ``path`` for appending (created if missing, torn tail repaired).
+
+        Args:
+            path: The JSONL file.
+            redact: Applied to every serialised line (e.g. to remove secrets).
+            fsync: Flush every record to disk (crash safety) or leave it to the OS.
+
+        Raises:
+            JsonlError: if the file cannot be opened.
+        """
+        self.path = check_writable(path)
+        repair_tail(self.path)
+        try:
+            self._fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        except OSError as exc:
+            raise JsonlError(f"cannot write {self.path} ({exc.strerror})") from None
+        self._redact = redact
+        self._fsync = fsync
+        self._lock = threading.Lock()
+
+    def write(self, record: dict[str, Any]) -> None:
+        """Append one record as one line."""
+        line = json.dumps(record, ensure_ascii=False, separators=(",", ":"))
+        if self._redact is not None:
+            line = self._redact(line)
+        data = (line + "\n").encode("utf-8")
+        with self._lock:
+            view = memoryview(data)
+            while view:  # one write for a regular file; the loop only guards short writes
+                view = view[os.write(self._fd, view) :]
+            if self._fsync:
+                os.fsync(self._fd)
+
+    def close(self) -> None:
+        """Close the file."""
+        with self._lock:
+            if self._fd >= 0:
+                os.close(self._fd)
+                self._fd = -1
+
+    def __enter__(self) -> JsonlAppender:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def rewrite_jsonl(path: str | Path, records: Iterable[dict[str, Any]]) -> None:
+    """Replace a JSONL file with ``records`` atomically (temporary file, then rename).
+
+    A crash leaves either the old file or the new one, never a mix.
+    """
+    path = Path(path)
+    handle = tempfile.NamedTemporaryFile(
+        "w", encoding="utf-8", dir=path.parent, prefix=f".{path.name}.", delete=False
+    )
+    try:
+        with handle:
+            for record in records:
+                handle.write(json.dumps(record, ensure_ascii=False, separators=(",", ":")) + "\n")
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(handle.name, path)
+    except BaseException:
+        Path(handle.name).unlink(missing_ok=True)
+        raise

@@ -1,0 +1,72 @@
+"""Keeping secrets out of records and logs: every known secret value is masked."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import re
+from collections.abc import Iterable, Mapping
+
+#: What a masked secret is replaced with.
+MASK = "***"
+#: Environment variables whose values are treated as secrets besides the named ones.
+_SECRET_NAME = re.compile(r"(KEY|TOKEN|SECRET|PASSWORD|PASSWD|CREDENTIALS?)$", re.IGNORECASE)
+#: Shorter values are not masked: they would mangle ordinary text ("1", "true").
+_MIN_SECRET_LENGTH = 8
+
+
+class Redactor:
+    """Masks secret values in text: API keys from the environment and any given ones."""
+
+    def __init__(self, secrets: Iterable[str] = ()) -> None:
+        """Hold the secrets to mask (values shorter than 8 characters are ignored)."""
+        values: set[str] = set()
+        for secret in secrets:
+            if secret and len(secret) >= _MIN_SECRET_LENGTH:
+                values.add(secret)
+                values.add(json.dumps(secret)[1:-1])  # as it appears inside a JSON string
+        # Longest first, so a secret containing another one is masked whole.
+        self._secrets = sorted(values, key=len, reverse=True)
+
+    @classmethod
+    def from_environment(
+        cls, names: Iterable[str] = (), environ: Mapping[str, str] | None = None
+    ) -> Redactor:
+        """Secrets from the environment: the named variables, and every variable whose
+        name ends in KEY, TOKEN, SECRET, PASSWORD or CREDENTIALS."""
+        environ = os.environ if environ is None else environ
+        wanted = set(names)
+        return cls(
+            value for name, value in environ.items() if name in wanted or _SECRET_NAME.search(name)
+        )
+
+    def __call__(self, text: str) -> str:
+        """``text`` with every secret replaced by ``***``."""
+        for secret in self._secrets:
+            if secret in text:
+                text = text.replace(secret, MASK)
+        return text
+
+    def __bool__(self) -> bool:
+        return bool(self._secrets)
+
+
+class RedactingFilter(logging.Filter):
+    """A logging filter that masks secrets in every record it passes."""
+
+    def __init__(self, redactor: Redactor) -> None:
+        """Mask with ``redactor``."""
+        super().__init__()
+        self.redactor = redactor
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        """Render the message, mask it, and keep the record."""
+        message = record.getMessage()
+        masked = self.redactor(message)
+        if masked != message:
+            record.msg, record.args = masked, None
+        if record.exc_info and record.exc_info[1] is not None:
+            record.exc_text = self.redactor(logging.Formatter().formatException(record.exc_info))
+            record.exc_info = None
+        return True
