@@ -20,14 +20,25 @@ from mascot.rosters import (
     Scenario,
     UserProfile,
     list_rosters,
+    load_profiles,
     load_roster,
     load_scenarios,
+)
+from mascot.training import (
+    Episode,
+    JsonlTracer,
+    collect_episodes,
+    import_checkpoints,
+    model_retry_policy,
+    read_episodes,
 )
 
 __all__ = [
     "BASELINES",
     "USER",
     "DirectorState",
+    "Episode",
+    "JsonlTracer",
     "Persona",
     "Policies",
     "PolicyError",
@@ -38,9 +49,14 @@ __all__ = [
     "StageDirection",
     "UserProfile",
     "create_baseline_graph",
+    "collect_episodes",
     "create_director_graph",
+    "import_checkpoints",
     "list_rosters",
+    "load_profiles",
     "load_roster",
     "load_scenarios",
+    "model_retry_policy",
     "openai_messages",
+    "read_episodes",
 ]

@@ -1,4 +1,4 @@
-"""The ``mascot`` command line: rosters, graph, chat, tiny-model."""
+"""The ``mascot`` command line: rosters, graph, chat, rollout, import-logs, tiny-model."""
 
 from __future__ import annotations
 
@@ -18,8 +18,16 @@ from langchain_core.language_models.fake_chat_models import FakeListChatModel
 from langchain_core.messages import AIMessageChunk, HumanMessage
 from langgraph.checkpoint.sqlite import SqliteSaver
 from langgraph.types import Command
-from rich.console import Console
 
+from mascot.cli_episodes import add_commands as add_episode_commands
+from mascot.cli_options import (
+    UsageError,
+    add_policy_flags,
+    err,
+    out,
+    policies_from_args,
+    positive,
+)
 from mascot.graphs import (
     BASELINES,
     DIRECTOR_NODE,
@@ -27,7 +35,7 @@ from mascot.graphs import (
     create_director_graph,
     openai_messages,
 )
-from mascot.policies import Policies, PolicyError, PolicySpec
+from mascot.policies import PolicyError
 from mascot.rosters import (
     Roster,
     RosterError,
@@ -36,29 +44,26 @@ from mascot.rosters import (
     load_scenarios,
     roster_path,
 )
+from mascot.training.checkpoint_import import CheckpointImportError
+from mascot.training.jsonl import JsonlError
+from mascot.training.redaction import Redactor
+from mascot.training.rollout import RolloutError
 
-DEFAULT_MODEL = "Qwen/Qwen3-0.6B"
 _QUIT = {"/quit", "/exit", "/q"}
-
-out = Console(highlight=False, soft_wrap=True)
-err = Console(stderr=True, highlight=False, soft_wrap=True)
-
-
-class UsageError(Exception):
-    """A user mistake on the command line; printed as one line, exit code 2."""
-
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the ``mascot`` command line and return its exit code."""
     parser = _parser()
     args = parser.parse_args(argv)
     logging.basicConfig(
-        level=logging.INFO if args.verbose else logging.ERROR,
+        level=logging.INFO if args.verbose else logging.WARNING,
         format="%(levelname)s %(name)s: %(message)s",
+        handlers=[_ConsoleHandler()],
     )
     try:
         return args.run(args)
-    except (UsageError, RosterError, PolicyError, FileNotFoundError) as exc:
+    except (UsageError, RosterError, PolicyError, JsonlError, CheckpointImportError, RolloutError,
+            FileNotFoundError) as exc:
         return _fail(str(exc))
     except openai.APIConnectionError as exc:
         return _fail(f"cannot reach the model server: {exc.__cause__ or exc}; is it running at that --base-url?")
@@ -69,8 +74,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 130
 
 
+class _ConsoleHandler(logging.Handler):
+    """Logs through the stderr console, so records print above a live progress bar."""
+
+    def emit(self, record: logging.LogRecord) -> None:
+        err.print(self.format(record), markup=False)
+
+
 def _fail(message: str) -> int:
-    err.print(f"mascot: error: {message}", markup=False)
+    err.print(f"mascot: error: {Redactor.from_environment()(message)}", markup=False)
     return 2
 
 
@@ -98,10 +110,10 @@ def _parser() -> argparse.ArgumentParser:
 
     chat = commands.add_parser("chat", help="a directed conversation in the terminal")
     chat.add_argument("--roster", required=True, metavar="ID_OR_PATH")
-    _add_policy_flags(chat)
+    add_policy_flags(chat)
     chat.add_argument("--message", help="run one round on this message and exit")
-    chat.add_argument("--max-rounds", type=_positive, default=10, metavar="N")
-    chat.add_argument("--max-speakers", type=_positive, default=3, metavar="N",
+    chat.add_argument("--max-rounds", type=positive, default=10, metavar="N")
+    chat.add_argument("--max-speakers", type=positive, default=3, metavar="N",
                       help="persona turns per round (default 3)")
     chat.add_argument("--seed", type=int, help="seed for sampling")
     chat.add_argument("--json", action="store_true", help="print the episode as JSON")
@@ -109,6 +121,8 @@ def _parser() -> argparse.ArgumentParser:
                       help="SQLite checkpoint database (default: in memory)")
     chat.add_argument("--thread-id", metavar="ID", help="continue this conversation thread")
     chat.set_defaults(run=_chat)
+
+    add_episode_commands(commands)
 
     tiny = commands.add_parser("tiny-model", help="build a tiny random-weight model offline")
     tiny.add_argument("--out", required=True, metavar="DIR")
@@ -119,54 +133,6 @@ def _parser() -> argparse.ArgumentParser:
     tiny.add_argument("--seed", type=int, default=0)
     tiny.set_defaults(run=_tiny_model)
     return parser
-
-
-def _add_policy_flags(parser: argparse.ArgumentParser) -> None:
-    group = parser.add_argument_group("models (one of)")
-    group.add_argument("--model", metavar="HF_ID_OR_PATH",
-                       help=f"local model for every role (default {DEFAULT_MODEL}); with "
-                            "--base-url, the served model name")
-    group.add_argument("--policies", metavar="FILE", help="policy file: a model per role")
-    group.add_argument("--base-url", metavar="URL", help="OpenAI-compatible endpoint")
-    group.add_argument("--api-key-env", metavar="VAR",
-                       help="environment variable with the endpoint's API key")
-    group.add_argument("--max-tokens", type=_positive, default=200, metavar="N",
-                       help="reply length limit (default 200)")
-    group.add_argument("--temperature", type=float, default=0.7)
-
-
-def _positive(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not an integer: '{text}'") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
-    return value
-
-
-def policies_from_args(args: argparse.Namespace, roster: Roster) -> Policies:
-    """Build the policies of the model flags (``--policies``, ``--base-url``, ``--model``).
-
-    Raises:
-        UsageError: on conflicting flags.
-    """
-    if args.policies and (args.base_url or args.model):
-        raise UsageError("use either --policies or --model/--base-url, not both")
-    if args.policies:
-        return Policies.from_file(args.policies, roster, seed=args.seed)
-    if args.base_url:
-        if not args.model:
-            raise UsageError("--base-url needs --model NAME (the served model or adapter name)")
-        spec = PolicySpec(kind="openai", model=args.model, base_url=args.base_url,
-                          api_key_env=args.api_key_env, max_tokens=args.max_tokens,
-                          temperature=args.temperature)
-    else:
-        if args.api_key_env:
-            raise UsageError("--api-key-env only applies with --base-url")
-        spec = PolicySpec(kind="local", model=args.model or DEFAULT_MODEL,
-                          max_tokens=args.max_tokens, temperature=args.temperature)
-    return Policies.single(spec, roster, seed=args.seed)
 
 
 def _rosters_list(args: argparse.Namespace) -> int:

@@ -1,0 +1,122 @@
+"""Command-line options shared by several ``mascot`` commands: models, numbers, secrets."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+
+from pydantic import ValidationError
+from rich.console import Console
+
+from mascot.policies import Policies, PolicySpec, load_policy_specs
+from mascot.rosters import Roster
+from mascot.training.redaction import RedactingFilter, Redactor
+
+DEFAULT_MODEL = "Qwen/Qwen3-0.6B"
+#: Values of the tuning flags when neither they nor a policy file set them.
+_DEFAULTS = {"max_tokens": 200, "temperature": 0.7, "timeout": 60.0}
+
+#: Where commands print results (stdout) and progress, warnings and errors (stderr).
+out = Console(highlight=False, soft_wrap=True)
+err = Console(stderr=True, highlight=False, soft_wrap=True)
+
+
+class UsageError(Exception):
+    """A user mistake on the command line; printed as one line, exit code 2."""
+
+
+def add_policy_flags(parser: argparse.ArgumentParser) -> None:
+    """Add the flags that choose the models: ``--model``, ``--policies``, ``--base-url``..."""
+    group = parser.add_argument_group("models (one of)")
+    group.add_argument("--model", metavar="HF_ID_OR_PATH",
+                       help=f"local model for every role (default {DEFAULT_MODEL}); with "
+                            "--base-url, the served model name")
+    group.add_argument("--policies", metavar="FILE", help="policy file: a model per role")
+    group.add_argument("--base-url", metavar="URL", help="OpenAI-compatible endpoint")
+    group.add_argument("--api-key-env", metavar="VAR",
+                       help="environment variable with the endpoint's API key")
+    group.add_argument("--max-tokens", type=positive, metavar="N",
+                       help=f"reply length limit (default {_DEFAULTS['max_tokens']}; "
+                            "with --policies: overrides every role)")
+    group.add_argument("--temperature", type=float, metavar="T",
+                       help=f"sampling temperature (default {_DEFAULTS['temperature']}; "
+                            "with --policies: overrides every role)")
+    group.add_argument("--timeout", type=positive_float, metavar="S",
+                       help=f"seconds per request to a server (default {_DEFAULTS['timeout']:g}; "
+                            "with --policies: overrides every role)")
+
+
+def positive(text: str) -> int:
+    """An argparse type: an integer >= 1."""
+    return _integer(text, minimum=1)
+
+
+def non_negative(text: str) -> int:
+    """An argparse type: an integer >= 0."""
+    return _integer(text, minimum=0)
+
+
+def _integer(text: str, *, minimum: int) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not an integer: '{text}'") from None
+    if value < minimum:
+        raise argparse.ArgumentTypeError(f"must be >= {minimum}, got {value}")
+    return value
+
+
+def positive_float(text: str) -> float:
+    """An argparse type: a number > 0."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number: '{text}'") from None
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"must be > 0, got {text}")
+    return value
+
+
+def policies_from_args(args: argparse.Namespace, roster: Roster) -> Policies:
+    """Build the policies of the model flags (``--policies``, ``--base-url``, ``--model``).
+
+    Raises:
+        UsageError: on conflicting flags.
+    """
+    if args.policies and (args.base_url or args.model):
+        raise UsageError("use either --policies or --model/--base-url, not both")
+    given = {k: getattr(args, k) for k in _DEFAULTS if getattr(args, k) is not None}
+    if args.policies:
+        specs = load_policy_specs(args.policies, roster)
+        return Policies({role: _spec({**spec.model_dump(), **given}) for role, spec in specs.items()},
+                        roster, seed=args.seed)
+    tuning = {**_DEFAULTS, **given}
+    if args.base_url:
+        if not args.model:
+            raise UsageError("--base-url needs --model NAME (the served model or adapter name)")
+        spec = _spec(dict(kind="openai", model=args.model, base_url=args.base_url,
+                          api_key_env=args.api_key_env, **tuning))
+    else:
+        if args.api_key_env:
+            raise UsageError("--api-key-env only applies with --base-url")
+        spec = _spec(dict(kind="local", model=args.model or DEFAULT_MODEL, **tuning))
+    return Policies.single(spec, roster, seed=args.seed)
+
+
+def _spec(fields: dict[str, object]) -> PolicySpec:
+    try:
+        return PolicySpec.model_validate(fields)
+    except ValidationError as exc:
+        error = exc.errors()[0]
+        raise UsageError(f"--{str(error['loc'][0]).replace('_', '-')}: {error['msg']}") from None
+
+
+def mask_secrets_in_logs(policies: Policies | None = None) -> Redactor:
+    """Mask API keys (named by the policies, or secret-looking environment variables)
+    in everything logged from now on; return the redactor for files too."""
+    names = [spec.api_key_env for spec in (policies.specs.values() if policies else ()) if spec.api_key_env]
+    redactor = Redactor.from_environment(names)
+    log_filter = RedactingFilter(redactor)
+    for handler in logging.getLogger().handlers:
+        handler.addFilter(log_filter)
+    return redactor

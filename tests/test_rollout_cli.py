@@ -1,0 +1,123 @@
+"""`mascot rollout` end to end: a faulty server, a SIGKILL mid-run, secrets, bad input."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from mascot.stub_server import StubConfig, start_stub_server
+
+MASCOT = str(Path(sys.executable).parent / "mascot")
+SECRET = "sk-test-4f1d9c0e7b2a85e6d3c1"
+
+
+def rollout(*args: str, env: dict[str, str] | None = None, timeout: float = 240,
+            verbose: bool = False) -> subprocess.CompletedProcess[str]:
+    command = [MASCOT, *(["-v"] if verbose else []), "rollout", "--roster", "emotional_support", *args]
+    return subprocess.run(command, capture_output=True,
+                          text=True, timeout=timeout, env={**os.environ, "HF_HUB_OFFLINE": "1", **(env or {})})
+
+
+def lines(path: Path) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+def content(record: dict[str, Any]) -> dict[str, Any]:
+    """An episode record without the fields that time it."""
+    record = {k: v for k, v in record.items() if k not in ("created_at", "duration_s")}
+    record["messages"] = [{k: v for k, v in m.items() if k != "latency_s"} for m in record["messages"]]
+    return record
+
+
+def test_rollout_completes_against_a_faulty_server(tmp_path: Path) -> None:
+    config = StubConfig(fail_rate=0.3, faults=("500", "429", "timeout", "disconnect"), stall_s=5, seed=3)
+    with start_stub_server(config) as server:
+        out = tmp_path / "episodes.jsonl"
+        result = rollout("--base-url", server.url, "--model", "stub", "--episodes", "6", "--concurrency", "4",
+                         "--max-rounds", "2", "--timeout", "0.5", "--retries", "6", "--out", str(out))
+        stats = server.stats()
+    assert result.returncode == 0, result.stderr
+    records = lines(out)
+    assert len(records) == len({r["id"] for r in records}) == 6
+    assert all(sum(m["role"] == "assistant" for m in r["messages"]) >= 2 for r in records)
+    assert all(stats["faults"][kind] > 0 for kind in config.faults), stats
+    assert "rollout: 6/6 episodes" in result.stdout and "0 failed" in result.stdout
+    assert not (tmp_path / "episodes.failures.jsonl").exists()
+
+
+def test_sigkill_midway_then_rerun_gives_exactly_n_episodes(tmp_path: Path) -> None:
+    out = tmp_path / "episodes.jsonl"
+    with start_stub_server(StubConfig(latency_s=0.03)) as server:
+        args = ["--base-url", server.url, "--model", "stub", "--episodes", "12", "--concurrency", "3",
+                "--max-rounds", "2", "--out", str(out)]
+        process = subprocess.Popen([MASCOT, "rollout", "--roster", "emotional_support", *args],
+                                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline and (not out.exists() or out.read_text().count("\n") < 3):
+            time.sleep(0.05)
+        process.send_signal(signal.SIGKILL)
+        process.wait(timeout=30)
+        killed_with = out.read_text().count("\n")
+        assert 3 <= killed_with < 12, "the run was not killed midway"
+        result = rollout(*args)
+    assert result.returncode == 0, result.stderr
+    records = lines(out)
+    assert len(records) == len({r["id"] for r in records}) == 12
+    assert f"({12 - killed_with} new, {killed_with} already there)" in result.stdout
+
+
+def test_secrets_never_reach_traces_logs_or_files(tmp_path: Path) -> None:
+    out, trace = tmp_path / "episodes.jsonl", tmp_path / "trace.jsonl"
+    with start_stub_server(StubConfig(echo_auth=True)) as server:  # a server that leaks the key back
+        result = rollout("--base-url", server.url, "--model", "stub", "--api-key-env", "MY_SERVER_KEY",
+                         "--episodes", "2", "--max-rounds", "2", "--out", str(out), "--trace", str(trace),
+                         env={"MY_SERVER_KEY": SECRET}, verbose=True)
+    assert result.returncode == 0, result.stderr
+    written = [out.read_text(), trace.read_text(), result.stdout, result.stderr]
+    assert not any(SECRET in text for text in written)
+    assert "Bearer ***" in trace.read_text()  # the leak was there, and masked
+    calls = lines(trace)
+    assert {c["role"] for c in calls} >= {"director", "user"}
+    assert any(c["role"] in ("anchor", "catalyst", "beacon", "action_guide") for c in calls)
+    call = calls[0]
+    assert call["prompt"] and call["reply"] and call["latency_s"] >= 0 and call["usage"]["output_tokens"] > 0
+    assert call["episode_id"] in {r["id"] for r in lines(out)} and call["model"] == "stub"
+
+
+def test_concurrent_rollout_on_the_local_backend_is_race_free(tiny_model: Path, tmp_path: Path) -> None:
+    policies = str(tiny_model / "policies.yaml")
+    common = ["--policies", policies, "--episodes", "3", "--max-rounds", "1", "--max-tokens", "6", "--seed", "2"]
+    serial = rollout(*common, "--concurrency", "1", "--out", str(tmp_path / "serial.jsonl"))
+    parallel = rollout(*common, "--concurrency", "3", "--out", str(tmp_path / "parallel.jsonl"))
+    assert serial.returncode == 0 and parallel.returncode == 0, serial.stderr + parallel.stderr
+    one, many = lines(tmp_path / "serial.jsonl"), lines(tmp_path / "parallel.jsonl")
+    assert [content(r) for r in many] == [content(r) for r in one]
+    turns = [m for r in many for m in r["messages"] if m["role"] == "assistant"]
+    assert turns and all(m["policy"]["adapter"] == m["name"] for m in turns)
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--out", "/nonexistent-dir/e.jsonl"], "directory of /nonexistent-dir/e.jsonl does not exist"),
+        (["--scenarios", "{bad}", "--out", "{out}"], "bad.jsonl:1: expected a mapping"),
+        (["--profiles", "{bad}", "--out", "{out}"], "bad.jsonl:1: expected a mapping"),
+        (["--concurrency", "0", "--out", "{out}"], "must be >= 1"),
+    ],
+)
+def test_bad_input_is_one_line_and_exit_2(tmp_path: Path, args: list[str], message: str) -> None:
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text("[1, 2]\n")
+    args = [a.format(bad=bad, out=tmp_path / "e.jsonl") for a in args]
+    result = rollout("--base-url", "http://127.0.0.1:9/v1", "--model", "stub", "--episodes", "1", *args)
+    assert result.returncode == 2
+    assert message in result.stderr.strip().splitlines()[-1]  # argparse may print its usage above
+    assert "Traceback" not in result.stderr
