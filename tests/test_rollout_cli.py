@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import http.server
 import json
 import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -121,3 +123,41 @@ def test_bad_input_is_one_line_and_exit_2(tmp_path: Path, args: list[str], messa
     assert result.returncode == 2
     assert message in result.stderr.strip().splitlines()[-1]  # argparse may print its usage above
     assert "Traceback" not in result.stderr
+
+
+class _LangSmithEndpoint(http.server.BaseHTTPRequestHandler):
+    """A stand-in LangSmith API on 127.0.0.1 that keeps every request body."""
+
+    bodies: list[bytes] = []
+
+    def _answer(self) -> None:
+        self.bodies.append(self.rfile.read(int(self.headers.get("Content-Length") or 0)))
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", "2")
+        self.end_headers()
+        self.wfile.write(b"{}")
+
+    do_GET = do_POST = do_PATCH = _answer
+
+    def log_message(self, *args: Any) -> None:
+        pass
+
+
+def test_langsmith_tracing_with_the_standard_variables(tmp_path: Path) -> None:
+    endpoint = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _LangSmithEndpoint)
+    threading.Thread(target=endpoint.serve_forever, daemon=True).start()
+    out = tmp_path / "episodes.jsonl"
+    try:
+        with start_stub_server() as server:
+            result = rollout("--base-url", server.url, "--model", "stub", "--api-key-env", "MY_SERVER_KEY",
+                             "--episodes", "1", "--max-rounds", "1", "--out", str(out),
+                             env={"LANGSMITH_TRACING": "true", "LANGSMITH_API_KEY": "lsv2-test-0123456789",
+                                  "LANGSMITH_ENDPOINT": f"http://127.0.0.1:{endpoint.server_port}",
+                                  "MY_SERVER_KEY": SECRET})
+    finally:
+        endpoint.shutdown()
+    assert result.returncode == 0, result.stderr
+    sent = b"".join(_LangSmithEndpoint.bodies)
+    assert b"mascot rollout" in sent and lines(out)[0]["id"].encode() in sent  # runs carry the episode id
+    assert SECRET.encode() not in sent
