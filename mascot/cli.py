@@ -55,6 +55,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Run the ``mascot`` command line and return its exit code."""
     parser = _parser()
     args = parser.parse_args(argv)
+    args.argv = list(sys.argv[1:] if argv is None else argv)  # for worker processes
     logging.basicConfig(
         level=logging.INFO if args.verbose else logging.WARNING,
         format="%(levelname)s %(name)s: %(message)s",

@@ -18,6 +18,7 @@ from rich.progress import (
 )
 
 from mascot.cli_options import (
+    UsageError,
     add_policy_flags,
     err,
     mask_secrets_in_logs,
@@ -27,12 +28,18 @@ from mascot.cli_options import (
     positive,
 )
 from mascot.graphs import BASELINES, create_baseline_graph, create_director_graph
+from mascot.rollout_workers import run_workers
 from mascot.rosters import load_profiles, load_roster, load_scenarios, roster_path
 from mascot.training.checkpoint_import import import_checkpoints
-from mascot.training.episode import TurnPolicy
+from mascot.training.episode import TurnPolicy, read_episodes
 from mascot.training.jsonl import check_writable
 from mascot.training.retry import model_retry_policy
-from mascot.training.rollout import RolloutStatus, collect_episodes, failures_path
+from mascot.training.rollout import (
+    RolloutStatus,
+    collect_episodes,
+    failures_path,
+    plan_episodes,
+)
 from mascot.training.trace import JsonlTracer
 
 def add_commands(commands: argparse._SubParsersAction) -> None:
@@ -63,6 +70,10 @@ def add_commands(commands: argparse._SubParsersAction) -> None:
     rollout.add_argument("--failures", metavar="FILE",
                          help="failed episodes (default: OUT's name + .failures.jsonl)")
     rollout.add_argument("--trace", metavar="FILE", help="write every model call to this JSONL")
+    rollout.add_argument("--workers", type=positive, default=1, metavar="W",
+                         help="processes sharing the episodes and --concurrency, for fast servers "
+                              "(OpenAI-compatible roles only; default 1)")
+    rollout.add_argument("--shard", type=_shard, help=argparse.SUPPRESS)  # set by --workers
     rollout.set_defaults(run=_rollout)
 
     imports = commands.add_parser(
@@ -85,7 +96,25 @@ def _rollout(args: argparse.Namespace) -> int:
     failures = check_writable(args.failures or failures_path(episodes_file))
     policies = policies_from_args(args, roster)
     redact = mask_secrets_in_logs(policies)
-    tracer = JsonlTracer(args.trace, redact=redact) if args.trace else None
+    roles = ("director", "user", *roster.persona_ids)
+    if args.workers > 1:
+        if any(policies.spec(role).kind != "openai" for role in roles):
+            raise UsageError("--workers needs every role on a server (--base-url or kind 'openai'); "
+                             "the local backend runs in one process")
+        plan = plan_episodes(roster.id, scenarios, profiles, episodes=args.episodes, seed=args.seed)
+        done = {e.id for e in read_episodes(episodes_file)} & {p.id for p in plan}
+        status = RolloutStatus(planned=len(plan), skipped=len(done), out=episodes_file, failures=failures)
+        with _progress() as progress:
+            task = progress.add_task("episodes", total=args.episodes, failed=0, rate=0.0)
+            broken = run_workers(args.argv, workers=args.workers, concurrency=args.concurrency, plan=plan,
+                                 status=status, trace=Path(args.trace) if args.trace else None,
+                                 on_progress=lambda s: _show(progress, task, s))
+        for worker in broken:
+            err.print(f"mascot: worker {worker.shard} stopped ({worker.returncode}): {worker.message}",
+                      markup=False)
+        status.completed = len({e.id for e in read_episodes(episodes_file)} & {p.id for p in plan}) - len(done)
+        return 2 if broken else _report(status, args.trace)
+    tracer = JsonlTracer(args.trace, redact=redact, repair=args.shard is None) if args.trace else None
     common = dict(
         user=policies.chat_model("user"),
         max_rounds=args.max_rounds,
@@ -103,48 +132,62 @@ def _rollout(args: argparse.Namespace) -> int:
             structured_output=policies.spec("director").kind == "openai",
             **common,
         )
-    roles = ("director", "user", *roster.persona_ids)
-    with _progress() as progress:
-        task = progress.add_task("episodes", total=args.episodes, failed=0, rate=0.0)
+    run = dict(
+        graph=graph,
+        scenarios=scenarios,
+        profiles=profiles,
+        roster=roster.id,
+        out=episodes_file,
+        episodes=args.episodes,
+        concurrency=args.concurrency,
+        seed=args.seed,
+        failures=failures,
+        policies={role: TurnPolicy(**policies.record(role)) for role in roles},
+        callbacks=[tracer] if tracer else [],
+        redact=redact,
+        shard=args.shard,
+    )
+    try:
+        if args.shard is not None:  # one of several workers: the parent shows progress
+            return 1 if asyncio.run(collect_episodes(**run)).failed else 0
+        with _progress() as progress:
+            task = progress.add_task("episodes", total=args.episodes, failed=0, rate=0.0)
+            status = asyncio.run(collect_episodes(**run, on_progress=lambda s: _show(progress, task, s)))
+    finally:
+        if tracer is not None:
+            tracer.close()
+        wait_for_all_tracers()  # LangSmith, when its environment variables turn it on
+    return _report(status, args.trace)
 
-        def show(status: RolloutStatus) -> None:
-            progress.update(task, completed=status.done, failed=status.failed, rate=status.episodes_per_s)
 
-        try:
-            status = asyncio.run(
-                collect_episodes(
-                    graph,
-                    scenarios,
-                    profiles,
-                    roster=roster.id,
-                    out=episodes_file,
-                    episodes=args.episodes,
-                    concurrency=args.concurrency,
-                    seed=args.seed,
-                    failures=failures,
-                    policies={role: TurnPolicy(**policies.record(role)) for role in roles},
-                    callbacks=[tracer] if tracer else [],
-                    redact=redact,
-                    on_progress=show,
-                )
-            )
-        finally:
-            if tracer is not None:
-                tracer.close()
-            wait_for_all_tracers()  # LangSmith, when its environment variables turn it on
+def _report(status: RolloutStatus, trace: str | None) -> int:
     line = (
         f"rollout: {status.done}/{status.planned} episodes in {status.out} "
         f"({status.completed} new, {status.skipped} already there), {status.failed} failed, "
         f"{status.episodes_per_s:.2f} episodes/s"
     )
-    if tracer is not None:
-        line += f"; trace: {tracer.path}"
+    if trace:
+        line += f"; trace: {trace}"
     out.print(line, markup=False)
     if status.done < status.planned:
         err.print(f"{status.planned - status.done} episodes missing; reasons in {status.failures}; "
                   "run the same command again to retry them", markup=False)
         return 1
     return 0
+
+
+def _show(progress: Progress, task: TaskID, status: RolloutStatus) -> None:
+    progress.update(task, completed=status.done, failed=status.failed, rate=status.episodes_per_s)
+
+
+def _shard(text: str) -> tuple[int, int]:
+    try:
+        k, n = (int(part) for part in text.split("/"))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected K/N, got '{text}'") from None
+    if not 0 <= k < n:
+        raise argparse.ArgumentTypeError(f"expected 0 <= K < N, got '{text}'")
+    return k, n
 
 
 def _progress() -> Progress:

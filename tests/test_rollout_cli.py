@@ -161,3 +161,25 @@ def test_langsmith_tracing_with_the_standard_variables(tmp_path: Path) -> None:
     sent = b"".join(_LangSmithEndpoint.bodies)
     assert b"mascot rollout" in sent and lines(out)[0]["id"].encode() in sent  # runs carry the episode id
     assert SECRET.encode() not in sent
+
+
+def test_workers_share_one_plan_and_files(tmp_path: Path) -> None:
+    out, trace = tmp_path / "episodes.jsonl", tmp_path / "trace.jsonl"
+    config = StubConfig(latency_s=0.01, fail_rate=0.2, faults=("500", "429"), seed=4)
+    with start_stub_server(config) as server:
+        args = ["--base-url", server.url, "--model", "stub", "--episodes", "10", "--concurrency", "4",
+                "--workers", "2", "--max-rounds", "2", "--out", str(out), "--trace", str(trace)]
+        first = rollout(*args)
+        again = rollout(*args)
+    assert first.returncode == 0, first.stderr
+    assert "rollout: 10/10 episodes" in first.stdout and "(10 new, 0 already there)" in first.stdout
+    assert "(0 new, 10 already there)" in again.stdout
+    records = lines(out)
+    plan_order = [r["id"] for r in records]
+    assert len(set(plan_order)) == 10
+    assert {c["episode_id"] for c in lines(trace)} == set(plan_order)  # both workers traced
+
+
+def test_workers_need_server_policies(tiny_model: Path, tmp_path: Path) -> None:
+    result = rollout("--model", str(tiny_model), "--episodes", "2", "--workers", "2", "--out", str(tmp_path / "e.jsonl"))
+    assert result.returncode == 2 and "--workers needs every role on a server" in result.stderr

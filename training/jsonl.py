@@ -108,6 +108,7 @@ class JsonlAppender:
         *,
         redact: Callable[[str], str] | None = None,
         fsync: bool = True,
+        repair: bool = True,
     ) -> None:
         """Open ``path`` for appending (created if missing, torn tail repaired).
 
@@ -115,12 +116,15 @@ class JsonlAppender:
             path: The JSONL file.
             redact: Applied to every serialised line (e.g. to remove secrets).
             fsync: Flush every record to disk (crash safety) or leave it to the OS.
+            repair: Repair a torn tail first. Turn off when other processes append to
+                the file at the same time (one of them repairs it before they start).
 
         Raises:
             JsonlError: if the file cannot be opened.
         """
         self.path = check_writable(path)
-        repair_tail(self.path)
+        if repair:
+            repair_tail(self.path)
         try:
             self._fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
         except OSError as exc:

@@ -168,6 +168,7 @@ async def collect_episodes(
     callbacks: Sequence[BaseCallbackHandler] = (),
     redact: Callable[[str], str] | None = None,
     on_progress: Callable[[RolloutStatus], None] | None = None,
+    shard: tuple[int, int] | None = None,
 ) -> RolloutStatus:
     """Run a conversation graph over scenarios x profiles and append episodes to ``out``.
 
@@ -187,6 +188,10 @@ async def collect_episodes(
         callbacks: LangChain callback handlers for every run (e.g. ``JsonlTracer``).
         redact: Applied to every line written (masks secrets).
         on_progress: Called with the status after each episode ends.
+        shard: ``(k, n)``: run only the planned episodes whose index is ``k`` modulo
+            ``n``, as one of ``n`` processes appending to the same files. The files are
+            then neither repaired first nor settled after: the process that starts the
+            shards calls ``repair_tail`` before and ``settle_rollout`` after them.
 
     Returns:
         The final status: counts, throughput and the two file paths.
@@ -198,6 +203,8 @@ async def collect_episodes(
     """
     if concurrency < 1:
         raise ValueError(f"concurrency must be >= 1, got {concurrency}")
+    if shard is not None and not 0 <= shard[0] < shard[1]:
+        raise ValueError(f"shard must be (k, n) with 0 <= k < n, got {shard}")
     out = check_writable(out)
     failures = check_writable(failures or failures_path(out))
     compiled = graph.compile() if isinstance(graph, StateGraph) else graph
@@ -205,7 +212,7 @@ async def collect_episodes(
     planned_ids = {p.id for p in plan}
     done = {e.id for e in read_episodes(out)} & planned_ids
     failed_before = _failure_counts(failures)
-    todo = [p for p in plan if p.id not in done]
+    todo = [p for p in plan if p.id not in done and (shard is None or p.index % shard[1] == shard[0])]
     status = RolloutStatus(planned=len(plan), skipped=len(done), out=out, failures=failures)
     retrying = sum(1 for p in todo if p.id in failed_before)
     logger.info(
@@ -233,22 +240,21 @@ async def collect_episodes(
                 logger.warning("episode %s failed: %s", planned.id, _one_line(exc))
             else:
                 episode_log.write(episode.record())
-                done.add(planned.id)
                 status.completed += 1
             status.elapsed_s = time.perf_counter() - status.started
             if on_progress is not None:
                 on_progress(status)
 
-    with JsonlAppender(out, redact=redact) as episode_log, JsonlAppender(
-        failures, redact=redact
+    alone = shard is None
+    with JsonlAppender(out, redact=redact, repair=alone) as episode_log, JsonlAppender(
+        failures, redact=redact, repair=alone
     ) as failure_log:
         if on_progress is not None:
             on_progress(status)
         await asyncio.gather(*(run(p) for p in todo))
     status.elapsed_s = time.perf_counter() - status.started
-    _settle_failures(failures, done)
-    if len(done) == len(plan):
-        _order_like_plan(out, plan)
+    if alone:
+        settle_rollout(out, failures, plan)
     if stop:
         raise RolloutError(
             f"stopped: the model server refused ({_one_line(stop[0])}); "
@@ -325,6 +331,18 @@ def _failure_counts(path: Path) -> dict[str, int]:
         if isinstance(record.get("episode_id"), str):
             counts[record["episode_id"]] = int(record.get("failed_runs", 1))
     return counts
+
+
+def settle_rollout(out: Path, failures: Path, plan: Sequence[PlannedEpisode]) -> None:
+    """Tidy a rollout's files once no process writes to them any more.
+
+    The failures file keeps one record (the latest) per planned episode that is still
+    missing, and is removed when none is; a complete rollout is rewritten in plan order.
+    """
+    done = {record.get("id") for _, record in read_jsonl(out)}
+    _settle_failures(failures, done)
+    if all(p.id in done for p in plan):
+        _order_like_plan(out, plan)
 
 
 def _settle_failures(path: Path, done: set[str]) -> None:

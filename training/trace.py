@@ -34,13 +34,15 @@ class JsonlTracer(BaseCallbackHandler):
 
     run_inline = True  # write from the calling thread, in order
 
-    def __init__(self, path: str | Path, *, redact: Callable[[str], str] | None = None) -> None:
-        """Append to ``path`` (created if missing).
+    def __init__(
+        self, path: str | Path, *, redact: Callable[[str], str] | None = None, repair: bool = True
+    ) -> None:
+        """Append to ``path`` (created if missing; ``repair`` as for ``JsonlAppender``).
 
         Raises:
             JsonlError: if the file cannot be written.
         """
-        self._out = JsonlAppender(path, redact=redact, fsync=False)
+        self._out = JsonlAppender(path, redact=redact, fsync=False, repair=repair)
         self._calls: dict[UUID, dict[str, Any]] = {}
         self._lock = threading.Lock()
 
