@@ -212,8 +212,12 @@ def _import_logs(args: argparse.Namespace) -> int:
     for thread, reason in report.unreadable:
         err.print(f"mascot: warning: thread {thread!r} not imported: {reason}", markup=False)
     out.print(
-        f"import-logs: {report.threads} threads, {report.imported} new episodes, "
+        f"import-logs: {_count(report.imported, 'new episode')} from {_count(report.threads, 'thread')}, "
         f"{report.already} already in {report.out}, {len(report.unreadable)} unreadable",
         markup=False,
     )
     return 1 if report.unreadable else 0
+
+
+def _count(number: int, noun: str) -> str:
+    return f"{number} {noun}{'' if number == 1 else 's'}"

@@ -308,10 +308,10 @@ def test_import_logs_command(director_db, tmp_path: Path) -> None:
 
     first = run("--from", f"sqlite:///{db.resolve()}")
     assert first.returncode == 0, first.stderr
-    assert "3 threads, 3 new episodes, 0 already in" in first.stdout
+    assert "3 new episodes from 3 threads, 0 already in" in first.stdout
     again = run("--from", f"sqlite:///{db.resolve()}", "--thread-id", "bob", "--thread-id", "nobody")
     assert again.returncode == 1  # a named thread could not be imported
-    assert "0 new episodes, 1 already in" in again.stdout and "thread 'nobody' not imported" in again.stderr
+    assert "0 new episodes from 2 threads, 1 already in" in again.stdout and "thread 'nobody' not imported" in again.stderr
     assert len(out.read_text().splitlines()) == 3
     text = tmp_path / "notes.db"
     text.write_text("not a database")
