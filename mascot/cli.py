@@ -24,6 +24,7 @@ from mascot.cli_options import (
     UsageError,
     add_policy_flags,
     err,
+    masked,
     out,
     policies_from_args,
     positive,
@@ -46,7 +47,6 @@ from mascot.rosters import (
 )
 from mascot.training.checkpoint_import import CheckpointImportError
 from mascot.training.jsonl import JsonlError
-from mascot.training.redaction import Redactor
 from mascot.training.rollout import RolloutError
 
 _QUIT = {"/quit", "/exit", "/q"}
@@ -83,7 +83,7 @@ class _ConsoleHandler(logging.Handler):
 
 
 def _fail(message: str) -> int:
-    err.print(f"mascot: error: {Redactor.from_environment()(message)}", markup=False)
+    err.print(f"mascot: error: {masked(message)}", markup=False)
     return 2
 
 

@@ -22,17 +22,18 @@ from mascot.cli_options import (
     add_policy_flags,
     err,
     mask_secrets_in_logs,
+    masked,
     non_negative,
     out,
     policies_from_args,
     positive,
 )
 from mascot.graphs import BASELINES, create_baseline_graph, create_director_graph
-from mascot.rollout_workers import run_workers
+from mascot.rollout_workers import EPISODES_MISSING, end_with_parent, run_workers
 from mascot.rosters import load_profiles, load_roster, load_scenarios, roster_path
 from mascot.training.checkpoint_import import import_checkpoints
 from mascot.training.episode import TurnPolicy, read_episodes
-from mascot.training.jsonl import check_writable
+from mascot.training.jsonl import check_writable, exclusive
 from mascot.training.retry import model_retry_policy
 from mascot.training.rollout import (
     RolloutStatus,
@@ -94,6 +95,10 @@ def _rollout(args: argparse.Namespace) -> int:
     profiles = load_profiles(args.profiles) if args.profiles else list(roster.user_profiles)
     episodes_file = check_writable(args.out)
     failures = check_writable(args.failures or failures_path(episodes_file))
+    trace = check_writable(args.trace) if args.trace else None
+    files = [path.resolve() for path in (episodes_file, failures, trace) if path is not None]
+    if len(set(files)) < len(files):
+        raise UsageError("--out, --failures and --trace must be different files")
     policies = policies_from_args(args, roster)
     redact = mask_secrets_in_logs(policies)
     roles = ("director", "user", *roster.persona_ids)
@@ -104,14 +109,13 @@ def _rollout(args: argparse.Namespace) -> int:
         plan = plan_episodes(roster.id, scenarios, profiles, episodes=args.episodes, seed=args.seed)
         done = {e.id for e in read_episodes(episodes_file)} & {p.id for p in plan}
         status = RolloutStatus(planned=len(plan), skipped=len(done), out=episodes_file, failures=failures)
-        with _progress() as progress:
+        with exclusive(episodes_file), _progress() as progress:
             task = progress.add_task("episodes", total=args.episodes, failed=0, rate=0.0)
             broken = run_workers(args.argv, workers=args.workers, concurrency=args.concurrency, plan=plan,
-                                 status=status, trace=Path(args.trace) if args.trace else None,
-                                 on_progress=lambda s: _show(progress, task, s))
+                                 status=status, trace=trace, on_progress=lambda s: _show(progress, task, s))
         for worker in broken:
-            err.print(f"mascot: worker {worker.shard} stopped ({worker.returncode}): {worker.message}",
-                      markup=False)
+            err.print(f"mascot: error: worker {worker.shard} stopped ({worker.returncode}): "
+                      f"{masked(worker.message)}", markup=False)
         status.completed = len({e.id for e in read_episodes(episodes_file)} & {p.id for p in plan}) - len(done)
         return 2 if broken else _report(status, args.trace)
     tracer = JsonlTracer(args.trace, redact=redact, repair=args.shard is None) if args.trace else None
@@ -149,7 +153,8 @@ def _rollout(args: argparse.Namespace) -> int:
     )
     try:
         if args.shard is not None:  # one of several workers: the parent shows progress
-            return 1 if asyncio.run(collect_episodes(**run)).failed else 0
+            end_with_parent()
+            return EPISODES_MISSING if asyncio.run(collect_episodes(**run)).failed else 0
         with _progress() as progress:
             task = progress.add_task("episodes", total=args.episodes, failed=0, rate=0.0)
             status = asyncio.run(collect_episodes(**run, on_progress=lambda s: _show(progress, task, s)))

@@ -113,10 +113,20 @@ def _spec(fields: dict[str, object]) -> PolicySpec:
 
 def mask_secrets_in_logs(policies: Policies | None = None) -> Redactor:
     """Mask API keys (named by the policies, or secret-looking environment variables)
-    in everything logged from now on; return the redactor for files too."""
+    in everything logged or printed as an error from now on; return the redactor for
+    files too."""
+    global _redactor
     names = [spec.api_key_env for spec in (policies.specs.values() if policies else ()) if spec.api_key_env]
-    redactor = Redactor.from_environment(names)
-    log_filter = RedactingFilter(redactor)
+    _redactor = Redactor.from_environment(names)
+    log_filter = RedactingFilter(_redactor)
     for handler in logging.getLogger().handlers:
         handler.addFilter(log_filter)
-    return redactor
+    return _redactor
+
+
+def masked(text: str) -> str:
+    """``text`` with the secrets known so far masked (for error lines)."""
+    return (_redactor or Redactor.from_environment())(text)
+
+
+_redactor: Redactor | None = None

@@ -11,9 +11,12 @@ reading what they append, and settles the files once all have ended.
 from __future__ import annotations
 
 import json
+import os
+import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -23,6 +26,9 @@ from mascot.training.jsonl import repair_tail
 from mascot.training.rollout import PlannedEpisode, RolloutStatus, settle_rollout
 
 _POLL_S = 0.25
+#: Exit code of a worker whose shard ended with episodes missing (recorded as failures);
+#: any other non-zero code means the worker itself failed.
+EPISODES_MISSING = 3
 
 
 @dataclass
@@ -92,6 +98,7 @@ def run_workers(
         command = [sys.executable, "-m", "mascot.cli", *argv,
                    "--workers", "1", "--concurrency", str(max(1, share)), "--shard", f"{shard}/{workers}"]
         processes.append(subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=log))
+    previous = signal.signal(signal.SIGTERM, _interrupt)
     try:
         while True:
             running = any(p.poll() is None for p in processes)
@@ -108,15 +115,34 @@ def run_workers(
         for process in processes:
             process.wait()
         raise
+    finally:
+        signal.signal(signal.SIGTERM, previous)
     settle_rollout(status.out, status.failures, plan)
     failed = []
     for shard, (process, log) in enumerate(zip(processes, logs, strict=True)):
-        if process.returncode not in (0, 1):  # 1: episodes missing, recorded as failures
+        if process.returncode not in (0, EPISODES_MISSING):
             log.seek(0)
             lines = log.read().decode("utf-8", "replace").strip().splitlines()
             failed.append(WorkerFailure(shard, process.returncode, lines[-1] if lines else "no output"))
         log.close()
     return failed
+
+
+def end_with_parent() -> None:
+    """In a worker: exit as soon as the parent process is gone (killed, even by SIGKILL),
+    so that no orphan keeps appending while a rerun starts."""
+    parent = os.getppid()
+
+    def watch() -> None:
+        while os.getppid() == parent:
+            time.sleep(_POLL_S)
+        os._exit(1)  # a torn last line, if any, is repaired by the next run
+
+    threading.Thread(target=watch, daemon=True, name="parent-watch").start()
+
+
+def _interrupt(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt  # the run loop stops the workers before it lets go
 
 
 def _id(line: bytes, key: str) -> str | None:

@@ -93,6 +93,8 @@ def load_policy_specs(path: str | Path, roster: Roster) -> dict[str, PolicySpec]
         data = yaml.safe_load(path.read_text(encoding="utf-8"))
     except OSError as exc:
         raise PolicyError(f"{path}: cannot read policy file ({exc.strerror})") from None
+    except UnicodeDecodeError as exc:
+        raise PolicyError(f"{path}: not UTF-8 text ({exc.reason} at byte {exc.start})") from None
     except yaml.YAMLError as exc:
         raise PolicyError(f"{path}: malformed YAML ({str(exc).splitlines()[0]})") from None
     try:

@@ -134,8 +134,12 @@ def _read_models(path: Path, model: type[_M], what: str) -> list[_M]:
     """One validated object per line of a JSONL file, ids unique."""
     if not path.is_file():
         raise RosterError(f"{path}: no such {what} file")
+    try:
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise RosterError(f"{path}: cannot read file ({exc})") from None
     items: list[_M] = []
-    for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), start=1):
+    for number, line in enumerate(text.splitlines(), start=1):
         if not line.strip():
             continue
         try:

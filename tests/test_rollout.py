@@ -16,7 +16,8 @@ from fakes import PromptChat, digest, director_fake, speaker_fake
 from mascot.graphs import create_director_graph
 from mascot.rosters import Roster, load_scenarios
 from mascot.training.episode import SCHEMA_VERSION, EpisodeError, read_episodes
-from mascot.training.jsonl import JsonlAppender, JsonlError
+from mascot.training.jsonl import JsonlAppender, JsonlError, exclusive
+from mascot.training.redaction import Redactor
 from mascot.training.retry import model_retry_policy, transient_error
 from mascot.training.rollout import (
     RolloutError,
@@ -207,3 +208,21 @@ def test_appender_writes_whole_lines_from_threads(tmp_path: Path) -> None:
         asyncio.run(write_many(appender))
     numbers = sorted(json.loads(line)["n"] for line in path.read_text().splitlines())
     assert numbers == list(range(200))
+
+
+def test_a_second_run_on_the_same_file_is_refused(roster: Roster, tmp_path: Path) -> None:
+    out = tmp_path / "episodes.jsonl"
+    with exclusive(out), pytest.raises(JsonlError, match="being written by another run"):
+        _collect(roster, _graph(roster), out, episodes=1)
+    assert _collect(roster, _graph(roster), out, episodes=1).completed == 1  # free again
+
+
+def test_redaction_masks_values_never_keys_or_structure(tmp_path: Path) -> None:
+    redact = Redactor.from_environment(["MY_KEY"], environ={
+        "MY_KEY": "sk-test-abcdef123456", "SORT_KEY": "assistant", "LONG_TOKEN": "tok-0123456789abcdefXYZ"})
+    path = tmp_path / "r.jsonl"
+    with JsonlAppender(path, redact=redact) as appender:
+        appender.write({"role": "assistant", "sk-test-abcdef123456": 1,
+                        "text": ["key sk-test-abcdef123456", "tok-0123456789abcdefXYZ", "assistant"]})
+    record = json.loads(path.read_text())
+    assert record == {"role": "assistant", "sk-test-abcdef123456": 1, "text": ["key ***", "***", "assistant"]}

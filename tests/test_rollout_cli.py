@@ -39,6 +39,17 @@ def content(record: dict[str, Any]) -> dict[str, Any]:
     return record
 
 
+def stop_midway(args: list[str], out: Path, signum: int, *, after: int) -> None:
+    """Start a rollout and send it ``signum`` once ``out`` holds ``after`` episodes."""
+    process = subprocess.Popen([MASCOT, "rollout", "--roster", "emotional_support", *args],
+                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline and (not out.exists() or out.read_text().count("\n") < after):
+        time.sleep(0.05)
+    process.send_signal(signum)
+    process.wait(timeout=30)
+
+
 def test_rollout_completes_against_a_faulty_server(tmp_path: Path) -> None:
     config = StubConfig(fail_rate=0.3, faults=("500", "429", "timeout", "disconnect"), stall_s=5, seed=3)
     with start_stub_server(config) as server:
@@ -60,13 +71,7 @@ def test_sigkill_midway_then_rerun_gives_exactly_n_episodes(tmp_path: Path) -> N
     with start_stub_server(StubConfig(latency_s=0.03)) as server:
         args = ["--base-url", server.url, "--model", "stub", "--episodes", "12", "--concurrency", "3",
                 "--max-rounds", "2", "--out", str(out)]
-        process = subprocess.Popen([MASCOT, "rollout", "--roster", "emotional_support", *args],
-                                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        deadline = time.monotonic() + 120
-        while time.monotonic() < deadline and (not out.exists() or out.read_text().count("\n") < 3):
-            time.sleep(0.05)
-        process.send_signal(signal.SIGKILL)
-        process.wait(timeout=30)
+        stop_midway(args, out, signal.SIGKILL, after=3)
         killed_with = out.read_text().count("\n")
         assert 3 <= killed_with < 12, "the run was not killed midway"
         result = rollout(*args)
@@ -113,6 +118,8 @@ def test_concurrent_rollout_on_the_local_backend_is_race_free(tiny_model: Path, 
         (["--scenarios", "{bad}", "--out", "{out}"], "bad.jsonl:1: expected a mapping"),
         (["--profiles", "{bad}", "--out", "{out}"], "bad.jsonl:1: expected a mapping"),
         (["--concurrency", "0", "--out", "{out}"], "must be >= 1"),
+        (["--out", "{out}", "--failures", "{out}"], "must be different files"),
+        (["--out", "/dev/full"], "/dev/full is not a regular file"),
     ],
 )
 def test_bad_input_is_one_line_and_exit_2(tmp_path: Path, args: list[str], message: str) -> None:
@@ -183,3 +190,29 @@ def test_workers_share_one_plan_and_files(tmp_path: Path) -> None:
 def test_workers_need_server_policies(tiny_model: Path, tmp_path: Path) -> None:
     result = rollout("--model", str(tiny_model), "--episodes", "2", "--workers", "2", "--out", str(tmp_path / "e.jsonl"))
     assert result.returncode == 2 and "--workers needs every role on a server" in result.stderr
+
+
+def test_stopping_the_parent_stops_its_workers(tmp_path: Path) -> None:
+    out = tmp_path / "episodes.jsonl"
+    with start_stub_server(StubConfig(latency_s=0.05)) as server:
+        args = ["--base-url", server.url, "--model", "stub", "--episodes", "16", "--concurrency", "4",
+                "--workers", "2", "--max-rounds", "2", "--out", str(out)]
+        stop_midway(args, out, signal.SIGTERM, after=2)
+        time.sleep(1.0)  # workers watch their parent
+
+        def workers() -> list[str]:
+            found = []
+            for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
+                try:
+                    text = cmdline.read_bytes().decode(errors="replace")
+                except OSError:
+                    continue
+                if "--shard" in text and str(out) in text:
+                    found.append(text)
+            return found
+
+        assert workers() == []
+        result = rollout(*args)
+    assert result.returncode == 0, result.stderr
+    records = lines(out)
+    assert len(records) == len({r["id"] for r in records}) == 16

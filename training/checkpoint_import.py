@@ -32,7 +32,7 @@ from langgraph.checkpoint.base import BaseCheckpointSaver
 from langgraph.checkpoint.sqlite import SqliteSaver
 
 from mascot.training.episode import Episode, EpisodeSource, episode_from_state, read_episodes
-from mascot.training.jsonl import JsonlAppender, JsonlError, check_writable
+from mascot.training.jsonl import JsonlAppender, JsonlError, check_writable, exclusive
 
 logger = logging.getLogger(__name__)
 
@@ -110,13 +110,26 @@ def import_checkpoints(
             postgres extra not installed, or an episode file that cannot be used. The
             message never contains the URI's password.
     """
-    shown = _masked(uri)
     opener = _opener(uri)
     try:
         out = check_writable(out)
-        done = {episode.id for episode in read_episodes(out)}
+        with exclusive(out):
+            return _import(opener, uri, roster=roster, out=out, thread_ids=thread_ids, redact=redact)
     except JsonlError as exc:
         raise CheckpointImportError(str(exc)) from None
+
+
+def _import(
+    opener: Callable[[str], AbstractContextManager[_Database]],
+    uri: str,
+    *,
+    roster: str,
+    out: Path,
+    thread_ids: Sequence[str] | None,
+    redact: Callable[[str], str] | None,
+) -> ImportReport:
+    shown = _masked(uri)
+    done = {episode.id for episode in read_episodes(out)}
     report = ImportReport(threads=0, imported=0, already=0, unreadable=[], out=out)
     with opener(uri) as database, JsonlAppender(out, redact=redact) as appender:
         known = set(database.threads)

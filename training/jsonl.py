@@ -8,12 +8,14 @@ one torn last line, which ``repair_tail`` removes before anything is appended ag
 
 from __future__ import annotations
 
+import fcntl
 import json
 import logging
 import os
 import tempfile
 import threading
 from collections.abc import Callable, Iterable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -33,9 +35,30 @@ def check_writable(path: str | Path) -> Path:
     path = Path(path).expanduser()
     if path.is_dir():
         raise JsonlError(f"{path} is a directory, not a file")
+    if path.exists() and not path.is_file():
+        raise JsonlError(f"{path} is not a regular file")
     if not path.parent.is_dir():
         raise JsonlError(f"directory of {path} does not exist")
     return path
+
+
+@contextmanager
+def exclusive(path: str | Path) -> Iterator[None]:
+    """Hold the lock of a record file (``PATH.lock``) so that no other run writes to it.
+
+    Raises:
+        JsonlError: if another process holds it.
+    """
+    lock_path = Path(f"{path}.lock")
+    with lock_path.open("a") as handle:
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise JsonlError(f"{path} is being written by another run (lock {lock_path})") from None
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
 
 
 def read_jsonl(path: str | Path) -> Iterator[tuple[int, dict[str, Any]]]:
@@ -47,20 +70,28 @@ def read_jsonl(path: str | Path) -> Iterator[tuple[int, dict[str, Any]]]:
     path = Path(path)
     if not path.exists():
         return
-    with path.open("rb") as handle:
-        for number, raw in enumerate(handle, start=1):
-            if not raw.strip():
-                continue
-            torn = not raw.endswith(b"\n")
-            try:
-                record = json.loads(raw)
-            except (json.JSONDecodeError, UnicodeDecodeError):
-                record = None
-            if not isinstance(record, dict):
-                what = "torn last line (an interrupted write?)" if torn else "corrupt line"
-                logger.warning("%s:%d: skipped a %s", path, number, what)
-                continue
-            yield number, record
+    for number, raw in _lines(path):
+        if not raw.strip():
+            continue
+        torn = not raw.endswith(b"\n")
+        try:
+            record = json.loads(raw)
+        except (json.JSONDecodeError, UnicodeDecodeError):
+            record = None
+        if not isinstance(record, dict):
+            what = "torn last line (an interrupted write?)" if torn else "corrupt line"
+            logger.warning("%s:%d: skipped a %s", path, number, what)
+            continue
+        yield number, record
+
+
+def _lines(path: Path) -> Iterator[tuple[int, bytes]]:
+    """Numbered raw lines, with read errors as one-line ``JsonlError``."""
+    try:
+        with path.open("rb") as handle:
+            yield from enumerate(handle, start=1)
+    except OSError as exc:
+        raise JsonlError(f"cannot read {path} ({exc.strerror})") from None
 
 
 def repair_tail(path: str | Path) -> bool:
@@ -114,7 +145,8 @@ class JsonlAppender:
 
         Args:
             path: The JSONL file.
-            redact: Applied to every serialised line (e.g. to remove secrets).
+            redact: Applied to every string value of a record (e.g. to mask secrets);
+                keys and structure are never touched.
             fsync: Flush every record to disk (crash safety) or leave it to the OS.
             repair: Repair a torn tail first. Turn off when other processes append to
                 the file at the same time (one of them repairs it before they start).
@@ -135,9 +167,9 @@ class JsonlAppender:
 
     def write(self, record: dict[str, Any]) -> None:
         """Append one record as one line."""
-        line = json.dumps(record, ensure_ascii=False, separators=(",", ":"))
         if self._redact is not None:
-            line = self._redact(line)
+            record = _map_strings(record, self._redact)
+        line = json.dumps(record, ensure_ascii=False, separators=(",", ":"))
         data = (line + "\n").encode("utf-8")
         with self._lock:
             view = memoryview(data)
@@ -160,12 +192,23 @@ class JsonlAppender:
         self.close()
 
 
+def _map_strings(value: Any, change: Callable[[str], str]) -> Any:
+    if isinstance(value, str):
+        return change(value)
+    if isinstance(value, dict):
+        return {key: _map_strings(item, change) for key, item in value.items()}
+    if isinstance(value, list):
+        return [_map_strings(item, change) for item in value]
+    return value
+
+
 def rewrite_jsonl(path: str | Path, records: Iterable[dict[str, Any]]) -> None:
     """Replace a JSONL file with ``records`` atomically (temporary file, then rename).
 
     A crash leaves either the old file or the new one, never a mix.
     """
     path = Path(path)
+    mode = path.stat().st_mode & 0o777 if path.exists() else 0o644
     handle = tempfile.NamedTemporaryFile(
         "w", encoding="utf-8", dir=path.parent, prefix=f".{path.name}.", delete=False
     )
@@ -175,6 +218,7 @@ def rewrite_jsonl(path: str | Path, records: Iterable[dict[str, Any]]) -> None:
                 handle.write(json.dumps(record, ensure_ascii=False, separators=(",", ":")) + "\n")
             handle.flush()
             os.fsync(handle.fileno())
+        os.chmod(handle.name, mode)  # keep the file's permissions, not the temporary 0600
         os.replace(handle.name, path)
     except BaseException:
         Path(handle.name).unlink(missing_ok=True)

@@ -12,8 +12,10 @@ from collections.abc import Iterable, Mapping
 MASK = "***"
 #: Environment variables whose values are treated as secrets besides the named ones.
 _SECRET_NAME = re.compile(r"(KEY|TOKEN|SECRET|PASSWORD|PASSWD|CREDENTIALS?)$", re.IGNORECASE)
-#: Shorter values are not masked: they would mangle ordinary text ("1", "true").
+#: Shorter values are not masked: they would mangle ordinary text ("1", "true"). Values
+#: found only by their variable's name must be longer (``SORT_KEY=assistant`` is no secret).
 _MIN_SECRET_LENGTH = 8
+_MIN_GUESSED_LENGTH = 16
 
 
 class Redactor:
@@ -34,11 +36,14 @@ class Redactor:
         cls, names: Iterable[str] = (), environ: Mapping[str, str] | None = None
     ) -> Redactor:
         """Secrets from the environment: the named variables, and every variable whose
-        name ends in KEY, TOKEN, SECRET, PASSWORD or CREDENTIALS."""
+        name ends in KEY, TOKEN, SECRET, PASSWORD or CREDENTIALS and whose value has at
+        least 16 characters."""
         environ = os.environ if environ is None else environ
         wanted = set(names)
         return cls(
-            value for name, value in environ.items() if name in wanted or _SECRET_NAME.search(name)
+            value
+            for name, value in environ.items()
+            if name in wanted or (_SECRET_NAME.search(name) and len(value) >= _MIN_GUESSED_LENGTH)
         )
 
     def __call__(self, text: str) -> str:

@@ -16,6 +16,7 @@ import logging
 import random
 import time
 from collections.abc import Callable, Mapping, Sequence
+from contextlib import nullcontext
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -34,7 +35,14 @@ from mascot.training.episode import (
     episode_from_state,
     read_episodes,
 )
-from mascot.training.jsonl import JsonlAppender, check_writable, read_jsonl, rewrite_jsonl
+from mascot.training.jsonl import (
+    JsonlAppender,
+    JsonlError,
+    check_writable,
+    exclusive,
+    read_jsonl,
+    rewrite_jsonl,
+)
 from mascot.training.retry import fatal_error, transient_error
 
 logger = logging.getLogger(__name__)
@@ -208,59 +216,61 @@ async def collect_episodes(
     out = check_writable(out)
     failures = check_writable(failures or failures_path(out))
     compiled = graph.compile() if isinstance(graph, StateGraph) else graph
-    plan = plan_episodes(roster, scenarios, profiles, episodes=episodes, seed=seed)
-    planned_ids = {p.id for p in plan}
-    done = {e.id for e in read_episodes(out)} & planned_ids
-    failed_before = _failure_counts(failures)
-    todo = [p for p in plan if p.id not in done and (shard is None or p.index % shard[1] == shard[0])]
-    status = RolloutStatus(planned=len(plan), skipped=len(done), out=out, failures=failures)
-    retrying = sum(1 for p in todo if p.id in failed_before)
-    logger.info(
-        "rollout: %d planned, %d already in %s, %d to run (%d failed before)",
-        len(plan), len(done), out, len(todo), retrying,
-    )
-    limit = asyncio.Semaphore(concurrency)
-    stop: list[BaseException] = []
-    policies = dict(policies or {})
+    # One run per file: a second one would rewrite the file under the first.
+    with exclusive(out) if shard is None else nullcontext():
+        plan = plan_episodes(roster, scenarios, profiles, episodes=episodes, seed=seed)
+        planned_ids = {p.id for p in plan}
+        done = {e.id for e in read_episodes(out)} & planned_ids
+        failed_before = _failure_counts(failures)
+        todo = [p for p in plan if p.id not in done and (shard is None or p.index % shard[1] == shard[0])]
+        status = RolloutStatus(planned=len(plan), skipped=len(done), out=out, failures=failures)
+        retrying = sum(1 for p in todo if p.id in failed_before)
+        logger.info(
+            "rollout: %d planned, %d already in %s, %d to run (%d failed before)",
+            len(plan), len(done), out, len(todo), retrying,
+        )
+        limit = asyncio.Semaphore(concurrency)
+        stop: list[BaseException] = []
+        policies = dict(policies or {})
 
-    async def run(planned: PlannedEpisode) -> None:
-        async with limit:
-            if stop:
-                return
-            try:
-                episode = await _run_episode(
-                    compiled, planned, roster=roster, seed=seed, policies=policies, callbacks=callbacks
-                )
-            except Exception as exc:  # recorded in the failures file, retried next run
-                if fatal_error(exc):
-                    stop.append(exc)
-                failed_before[planned.id] = failed_before.get(planned.id, 0) + 1
-                failure_log.write(_failure(planned, exc, failed_before[planned.id]))
-                status.failed += 1
-                logger.warning("episode %s failed: %s", planned.id, _one_line(exc))
-            else:
-                episode_log.write(episode.record())
-                status.completed += 1
-            status.elapsed_s = time.perf_counter() - status.started
+        async def run(planned: PlannedEpisode) -> None:
+            async with limit:
+                if stop:
+                    return
+                try:
+                    episode = await _run_episode(
+                        compiled, planned, roster=roster, seed=seed, policies=policies, callbacks=callbacks
+                    )
+                except Exception as exc:  # recorded in the failures file, retried next run
+                    if fatal_error(exc):
+                        stop.append(exc)
+                    failed_before[planned.id] = failed_before.get(planned.id, 0) + 1
+                    failure_log.write(_failure(planned, exc, failed_before[planned.id]))
+                    status.failed += 1
+                    logger.warning("episode %s failed: %s", planned.id, _one_line(exc))
+                else:
+                    episode_log.write(episode.record())
+                    status.completed += 1
+                status.elapsed_s = time.perf_counter() - status.started
+                if on_progress is not None:
+                    on_progress(status)
+
+        alone = shard is None
+        with JsonlAppender(out, redact=redact, repair=alone) as episode_log, JsonlAppender(
+            failures, redact=redact, repair=alone
+        ) as failure_log:
             if on_progress is not None:
                 on_progress(status)
-
-    alone = shard is None
-    with JsonlAppender(out, redact=redact, repair=alone) as episode_log, JsonlAppender(
-        failures, redact=redact, repair=alone
-    ) as failure_log:
-        if on_progress is not None:
-            on_progress(status)
-        await asyncio.gather(*(run(p) for p in todo))
-    status.elapsed_s = time.perf_counter() - status.started
-    if alone:
-        settle_rollout(out, failures, plan)
-    if stop:
-        raise RolloutError(
-            f"stopped: the model server refused ({_one_line(stop[0])}); "
-            f"{status.done} of {status.planned} episodes are in {out}"
-        )
-    return status
+            await asyncio.gather(*(run(p) for p in todo))
+        status.elapsed_s = time.perf_counter() - status.started
+        if alone:
+            settle_rollout(out, failures, plan)
+        if stop:
+            raise RolloutError(
+                f"stopped: the model server refused ({_one_line(stop[0])}); "
+                f"{status.done} of {status.planned} episodes are in {out}"
+            )
+        return status
 
 
 async def _run_episode(
@@ -351,8 +361,10 @@ def _settle_failures(path: Path, done: set[str]) -> None:
     lines = 0
     for _, record in read_jsonl(path):
         lines += 1
-        if record.get("episode_id") not in done:
-            latest[record.get("episode_id")] = record
+        if not isinstance(record.get("episode_id"), str):
+            raise JsonlError(f"{path} is not a failures file (a record has no 'episode_id')")
+        if record["episode_id"] not in done:
+            latest[record["episode_id"]] = record
     if lines != len(latest):
         rewrite_jsonl(path, latest.values())
     if not latest and path.exists():

@@ -33,6 +33,7 @@ class JsonlTracer(BaseCallbackHandler):
     """
 
     run_inline = True  # write from the calling thread, in order
+    raise_error = True  # a trace that cannot be written must not pass unnoticed
 
     def __init__(
         self, path: str | Path, *, redact: Callable[[str], str] | None = None, repair: bool = True
