@@ -167,7 +167,7 @@ class JsonlAppender:
 
     def write(self, record: dict[str, Any]) -> None:
         """Append one record as one line."""
-        if self._redact is not None:
+        if self._redact:  # an empty Redactor is falsy: nothing to mask
             record = _map_strings(record, self._redact)
         line = json.dumps(record, ensure_ascii=False, separators=(",", ":"))
         data = (line + "\n").encode("utf-8")
