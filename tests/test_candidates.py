@@ -68,3 +68,26 @@ def test_other_roster_is_refused(roster: Roster, episodes: list) -> None:
 
     with pytest.raises(ValueError, match="is of roster 'emotional_support', not 'workplace_meeting'"):
         candidate_contexts(episodes, load_roster("workplace_meeting"))
+
+
+def test_candidates_command_against_a_server(tmp_path: Path) -> None:
+    import json
+    import os
+    import subprocess
+    import sys
+
+    from mascot.stub_server import start_stub_server
+
+    mascot = str(Path(sys.executable).parent / "mascot")
+    env = {**os.environ, "HF_HUB_OFFLINE": "1"}
+    with start_stub_server() as server:
+        model = ["--roster", "emotional_support", "--base-url", server.url, "--model", "stub"]
+        subprocess.run([mascot, "rollout", *model, "--episodes", "2", "--max-rounds", "1",
+                        "--out", str(tmp_path / "e.jsonl")], check=True, capture_output=True, env=env)
+        result = subprocess.run([mascot, "candidates", "--in", str(tmp_path / "e.jsonl"), *model, "--k", "2",
+                                 "--out", str(tmp_path / "c.jsonl")], capture_output=True, text=True, env=env)
+    assert result.returncode == 0, result.stderr
+    rows = [json.loads(line) for line in (tmp_path / "c.jsonl").read_text().splitlines()]
+    contexts = {r["context_id"] for r in rows}
+    assert len(rows) == 2 * len(contexts) > 0
+    assert f"candidates: {len(rows)} new in" in result.stdout
