@@ -48,7 +48,9 @@ from mascot.rosters import (
 )
 from mascot.training.checkpoint_import import CheckpointImportError
 from mascot.training.jsonl import JsonlError
+from mascot.training.pairs import PairsError
 from mascot.training.rollout import RolloutError
+from mascot.training.rubric import RubricError
 
 _QUIT = {"/quit", "/exit", "/q"}
 
@@ -65,7 +67,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         return args.run(args)
     except (UsageError, RosterError, PolicyError, JsonlError, CheckpointImportError, RolloutError,
-            FileNotFoundError) as exc:
+            RubricError, PairsError, FileNotFoundError) as exc:
         return _fail(str(exc))
     except openai.APIConnectionError as exc:
         return _fail(f"cannot reach the model server: {exc.__cause__ or exc}; is it running at that --base-url?")

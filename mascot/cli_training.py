@@ -1,14 +1,19 @@
-"""The commands that turn episodes into training data: ``mascot candidates``."""
+"""The commands that turn episodes into training data and reward models: ``mascot judge``,
+``candidates``, ``pairs`` and ``train-rm``."""
 
 from __future__ import annotations
 
 import argparse
 import asyncio
 from pathlib import Path
+from typing import Any
+
+import yaml
 
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from mascot.cli_options import (
+    DEFAULT_MODEL,
     UsageError,
     add_policy_flags,
     err,
@@ -18,12 +23,36 @@ from mascot.cli_options import (
     positive,
 )
 from mascot.rosters import load_roster
-from mascot.training.candidates import CandidateReport, candidate_contexts, sample_candidates
+from mascot.training.candidates import (
+    CandidateReport,
+    candidate_contexts,
+    read_candidates,
+    sample_candidates,
+)
 from mascot.training.episode import TurnPolicy, read_episodes
+from mascot.training.jsonl import JsonlAppender, check_writable, exclusive, read_jsonl
 
 
 def add_commands(commands: argparse._SubParsersAction) -> None:
-    """Add ``candidates`` to the ``mascot`` command line."""
+    """Add ``judge``, ``candidates``, ``pairs`` and ``train-rm`` to the command line."""
+    judge = commands.add_parser("judge", help="score episodes or candidates with a rubric LLM judge")
+    judge.add_argument("--in", dest="source", required=True, metavar="FILE",
+                       help="episode JSONL (rollout, import-logs) or candidate JSONL (candidates)")
+    judge.add_argument("--rubric", required=True, metavar="persona|group|FILE")
+    judge.add_argument("--roster", required=True, metavar="ID_OR_PATH")
+    add_policy_flags(judge)
+    judge.add_argument("--judge-model", dest="model", metavar="HF_ID_OR_PATH", help="same as --model")
+    judge.add_argument("--block-turns", type=positive, default=4, metavar="N",
+                       help="turns per block for a group rubric (default 4)")
+    judge.add_argument("--attempts", type=positive, default=3, metavar="N",
+                       help="tries per target when the judge's answer is malformed (default 3)")
+    judge.add_argument("--concurrency", type=positive, default=8, metavar="C")
+    judge.add_argument("--seed", type=int, help="seed for sampling")
+    judge.add_argument("--cache", metavar="FILE", help="judgement cache (default: OUT's name + .cache.jsonl)")
+    judge.add_argument("--out", required=True, metavar="FILE",
+                       help="judgements (episodes) or judged candidates (candidates), JSONL, appended")
+    judge.set_defaults(run=_judge)
+
     candidates = commands.add_parser(
         "candidates", help="sample K replies per persona turn of episodes, for preference pairs"
     )
@@ -38,6 +67,25 @@ def add_commands(commands: argparse._SubParsersAction) -> None:
     candidates.add_argument("--seed", type=int, help="seed for sampling")
     candidates.add_argument("--out", required=True, metavar="FILE", help="candidate JSONL (appended)")
     candidates.set_defaults(run=_candidates)
+
+    pairs = commands.add_parser("pairs", help="preference pairs from judged candidates")
+    pairs.add_argument("--in", dest="source", required=True, metavar="JUDGED",
+                       help="judged candidates (mascot judge --in CANDIDATES)")
+    pairs.add_argument("--min-margin", type=float, default=0.5, metavar="M",
+                       help="least difference of the overall scores, in 1-5 judge units (default 0.5)")
+    pairs.add_argument("--test-fraction", type=float, default=0.1, metavar="F")
+    pairs.add_argument("--seed", type=int, default=0)
+    pairs.add_argument("--out", required=True, metavar="DIR", help="folder for train.jsonl and test.jsonl")
+    pairs.set_defaults(run=_pairs)
+
+    train_rm = commands.add_parser("train-rm", help="train a LoRA reward model on preference pairs")
+    train_rm.add_argument("--pairs", required=True, metavar="DIR", help="folder from mascot pairs")
+    train_rm.add_argument("--base", default=DEFAULT_MODEL, metavar="HF_ID_OR_PATH",
+                          help=f"base model (default {DEFAULT_MODEL})")
+    train_rm.add_argument("--config", metavar="RECIPE.yaml",
+                          help="RewardModelConfig fields; TRL RewardConfig fields under 'training'")
+    train_rm.add_argument("--out", required=True, metavar="DIR")
+    train_rm.set_defaults(run=_train_rm)
 
 
 def _candidates(args: argparse.Namespace) -> int:
@@ -74,3 +122,139 @@ def _candidates(args: argparse.Namespace) -> int:
               markup=False)
     return 0
 
+
+
+def _judge(args: argparse.Namespace) -> int:
+    from mascot.training.judge import Judge
+    from mascot.training.judgement import JudgementCache
+    from mascot.training.rubric import load_rubric
+    from mascot.training.targets import block_targets, reply_target, reply_targets
+
+    roster = load_roster(args.roster)
+    rubric = load_rubric(args.rubric)
+    source = Path(args.source)
+    if not source.is_file():
+        raise UsageError(f"--in: no such file {args.source}")
+    first = next(read_jsonl(source), (0, {}))[1]
+    on_candidates = "context_id" in first
+    if on_candidates and rubric.target != "reply":
+        raise UsageError(f"candidates are replies; rubric '{rubric.id}' judges {rubric.target}s")
+    out_file = check_writable(args.out)
+    cache_file = check_writable(args.cache or out_file.with_name(f"{out_file.name.removesuffix('.jsonl')}.cache.jsonl"))
+    if out_file.resolve() in (cache_file.resolve(), source.resolve()):
+        raise UsageError("--out must differ from --in and --cache")
+    policies = policies_from_args(args, roster)
+    redact = mask_secrets_in_logs(policies)
+    if on_candidates:
+        candidates = {(c.context_id, c.sample): c for c in read_candidates(source)}
+        targets = [reply_target(roster, episode_id=c.context_id, persona=c.persona, context=c.context,
+                                reply=c.reply, direction=c.stage_direction, turn=c.turn, sample=c.sample)
+                   for c in candidates.values()]
+    else:
+        episodes = read_episodes(source)
+        try:
+            targets = [t for e in episodes for t in (
+                reply_targets(e, roster) if rubric.target == "reply" else block_targets(e, roster, block_turns=args.block_turns))]
+        except ValueError as exc:
+            raise UsageError(f"--in: {exc}") from None
+    if not targets:
+        raise UsageError(f"--in: nothing to judge in {args.source}")
+    spec, record = policies.spec("judge"), policies.record("judge")
+    model_name = record["model"] + (f"+{record['adapter']}" if record["adapter"] else "")
+    with exclusive(out_file), JudgementCache(cache_file) as cache, JsonlAppender(out_file, redact=redact) as sink:
+        done = {_done_key(r, on_candidates) for _, r in read_jsonl(out_file) if _is_ok(r, on_candidates)}
+        judge = Judge(rubric, policies.chat_model("judge"), model_name=model_name,
+                      structured_output=spec.kind == "openai", max_attempts=args.attempts, cache=cache)
+        todo = [t for t in targets if _target_key(t, rubric.target) not in done]
+        tally = {"ok": 0, "failed": 0}
+        progress = Progress(TextColumn("judging"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                            console=err)
+
+        def write(judgement: Any) -> None:
+            tally[judgement.status] += 1
+            if on_candidates:
+                c = candidates[(judgement.episode_id, judgement.sample)]
+                sink.write({"context_id": c.context_id, "prompt": c.prompt, "persona": c.persona, "reply": c.reply,
+                            "overall": judgement.overall, "judgement": judgement.record()})
+            else:
+                sink.write(judgement.record())
+            progress.update(task, advance=1)
+
+        with progress:
+            task = progress.add_task("judging", total=len(todo))
+            asyncio.run(judge.ajudge_many(todo, concurrency=args.concurrency, on_judgement=write))
+    out.print(f"judge: {tally['ok']} judged, {tally['failed']} failed (retried next run), "
+              f"{len(targets) - len(todo)} already in {out_file}; rubric {rubric.id} v{rubric.version}, "
+              f"judge {model_name}", markup=False)
+    return 1 if tally["failed"] else 0
+
+
+def _is_ok(record: dict[str, Any], on_candidates: bool) -> bool:
+    judgement = record.get("judgement", {}) if on_candidates else record
+    return isinstance(judgement, dict) and judgement.get("status") == "ok"
+
+
+def _done_key(record: dict[str, Any], on_candidates: bool) -> tuple[Any, ...]:
+    judgement = record["judgement"] if on_candidates else record
+    return (judgement.get("episode_id"), judgement.get("turn"), judgement.get("sample"), judgement.get("block_start"))
+
+
+def _target_key(target: Any, kind: str) -> tuple[Any, ...]:
+    if kind == "reply":
+        return (target.episode_id, target.turn, target.sample, None)
+    return (target.episode_id, None, None, target.start)
+
+
+def _pairs(args: argparse.Namespace) -> int:
+    from mascot.training.pairs import JudgedCandidate, build_pairs, write_pairs
+
+    source = Path(args.source)
+    if not source.is_file():
+        raise UsageError(f"--in: no such file {args.source}")
+    judged = []
+    for number, record in read_jsonl(source):
+        try:
+            judged.append(JudgedCandidate.model_validate(record))
+        except ValueError as exc:
+            raise UsageError(f"{source}:{number}: not a judged candidate ({str(exc).splitlines()[0]}); "
+                             "judge a candidate file with `mascot judge --in CANDIDATES`") from None
+    pair_set = build_pairs(judged, min_margin=args.min_margin, test_fraction=args.test_fraction, seed=args.seed)
+    train, test = write_pairs(pair_set, args.out)
+    r = pair_set.report
+    out.print(f"pairs: {r.train_pairs} train ({train}), {r.test_pairs} test ({test}) from {r.contexts} contexts; "
+              f"dropped {r.dropped_by_margin} under the margin {r.min_margin}, {r.dropped_identical} identical, "
+              f"{r.failed_judgements} failed judgements", markup=False)
+    return 0
+
+
+def _train_rm(args: argparse.Namespace) -> int:
+    from mascot.training.pairs import read_pairs
+    from mascot.training.reward_model import RewardModelConfig, RewardModelError, train_reward_model
+
+    folder = Path(args.pairs)
+    if not (folder / "train.jsonl").is_file():
+        raise UsageError(f"--pairs: no train.jsonl in {folder} (make it with `mascot pairs`)")
+    train = read_pairs(folder / "train.jsonl")
+    test = read_pairs(folder / "test.jsonl") if (folder / "test.jsonl").is_file() else []
+    config = None
+    if args.config:
+        try:
+            recipe = yaml.safe_load(Path(args.config).read_text(encoding="utf-8")) or {}
+        except (OSError, UnicodeDecodeError, yaml.YAMLError) as exc:
+            raise UsageError(f"--config: cannot read {args.config} ({str(exc).splitlines()[0]})") from None
+        if not isinstance(recipe, dict):
+            raise UsageError(f"--config: {args.config} is not a mapping")
+        try:
+            config = RewardModelConfig.from_dict(recipe)
+        except (TypeError, ValueError) as exc:
+            raise UsageError(f"--config: {exc}") from None
+    err.print(f"training a reward model on {len(train)} pairs ({len(test)} held out) from {args.base}", markup=False)
+    try:
+        report = train_reward_model(train, test, base=args.base, out=args.out, config=config)
+    except RewardModelError as exc:  # torch is imported only here, so the error class too
+        raise UsageError(str(exc)) from None
+    accuracy = (f"held-out pairwise accuracy {report.accuracy_before:.2f} -> {report.accuracy_after:.2f}"
+                if report.accuracy_after is not None else "no held-out pairs")
+    out.print(f"train-rm: {report.out}: {accuracy}, {report.steps} steps, loss {report.train_loss:.3f}, "
+              f"{report.seconds:.0f} s", markup=False)
+    return 0

@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import hashlib
 import http.client
 import ipaddress
 import json
@@ -79,6 +80,24 @@ class StubConfig:
                              f"valid faults are {', '.join(FAULTS)}")
 
 
+#: How mascot's rubric judge prompt starts; such requests get rubric scores.
+_JUDGE_OPENING = "You are a strict, impartial judge"
+_EXAMPLE_SCORES = re.compile(r'"scores": (\{[^{}]*\})')
+
+
+def _judgement(body: dict[str, Any], target: str, leak: str) -> str:
+    """Rubric scores 1-5 for every criterion the request asks for, drawn from a hash of
+    the judged text: the same text always gets the same scores, different texts differ."""
+    schema = ((body.get("response_format") or {}).get("json_schema") or {}).get("schema") or {}
+    criteria = list(((schema.get("properties") or {}).get("scores") or {}).get("properties") or {})
+    if not criteria:
+        example = _EXAMPLE_SCORES.search(target)
+        criteria = list(json.loads(example.group(1))) if example else []
+    digest = hashlib.sha256(target.encode()).digest()
+    scores = {criterion: 1 + digest[i % len(digest)] % 5 for i, criterion in enumerate(criteria)}
+    return json.dumps({"rationale": "stub judgement" + leak, "scores": scores})
+
+
 class _Stub:
     """One server's state: the config, the fault draws and the counters."""
 
@@ -95,6 +114,8 @@ class _Stub:
         leak = f" {auth}" if self.config.echo_auth else ""
         messages = body.get("messages") or []
         system = [_text(m.get("content")) for m in messages if m.get("role") == "system"]
+        if system and system[0].startswith(_JUDGE_OPENING):
+            return _judgement(body, _text(messages[-1].get("content")), leak)
         if "response_format" in body or (system and system[0].startswith("You are the Director")):
             found = _SPEAKERS.search("\n".join(system))
             ids = _QUOTED.findall(found.group(1)) if found else []

@@ -1,5 +1,7 @@
 """Training pipeline: rollouts, judging, preference pairs, reward models, GRPO/DPO, evaluation."""
 
+from mascot.training.agreement import agreement
+from mascot.training.candidates import Candidate, candidate_contexts, read_candidates, sample_candidates
 from mascot.training.checkpoint_import import (
     CheckpointImportError,
     ImportReport,
@@ -16,7 +18,11 @@ from mascot.training.episode import (
     episode_from_state,
     read_episodes,
 )
+from mascot.training.judge import Judge, JudgePanel
+from mascot.training.judgement import Judgement, JudgementCache, read_judgements
 from mascot.training.jsonl import JsonlAppender, JsonlError
+from mascot.training.metrics import episode_metrics
+from mascot.training.pairs import JudgedCandidate, PairsError, build_pairs, read_pairs, write_pairs
 from mascot.training.redaction import Redactor
 from mascot.training.retry import model_retry_policy, transient_error
 from mascot.training.rollout import (
@@ -26,10 +32,13 @@ from mascot.training.rollout import (
     collect_episodes,
     plan_episodes,
 )
+from mascot.training.rubric import Rubric, RubricError, list_rubrics, load_rubric
+from mascot.training.targets import block_targets, reply_target, reply_targets
 from mascot.training.trace import JsonlTracer
 
 __all__ = [
     "SCHEMA_VERSION",
+    "Candidate",
     "CheckpointImportError",
     "Episode",
     "EpisodeError",
@@ -39,17 +48,39 @@ __all__ = [
     "JsonlAppender",
     "JsonlError",
     "JsonlTracer",
+    "Judge",
+    "JudgePanel",
+    "JudgedCandidate",
+    "Judgement",
+    "JudgementCache",
+    "PairsError",
     "PlannedEpisode",
     "Redactor",
     "RolloutError",
     "RolloutStatus",
+    "Rubric",
+    "RubricError",
     "TurnPolicy",
     "Usage",
+    "agreement",
+    "block_targets",
+    "build_pairs",
+    "candidate_contexts",
     "collect_episodes",
     "episode_from_state",
+    "episode_metrics",
     "import_checkpoints",
+    "list_rubrics",
+    "load_rubric",
     "model_retry_policy",
     "plan_episodes",
+    "read_candidates",
     "read_episodes",
+    "read_judgements",
+    "read_pairs",
+    "reply_target",
+    "reply_targets",
+    "sample_candidates",
     "transient_error",
+    "write_pairs",
 ]
