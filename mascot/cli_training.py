@@ -70,7 +70,10 @@ def add_commands(commands: argparse._SubParsersAction) -> None:
 
     pairs = commands.add_parser("pairs", help="preference pairs from judged candidates")
     pairs.add_argument("--in", dest="source", required=True, metavar="JUDGED",
-                       help="judged candidates (mascot judge --in CANDIDATES)")
+                       help="judged candidates (mascot judge --in CANDIDATES), or block judgements "
+                            "(mascot judge --rubric group) with --episodes")
+    pairs.add_argument("--episodes", metavar="FILE",
+                       help="the judged episodes, for block judgements (group reward model)")
     pairs.add_argument("--min-margin", type=float, default=0.5, metavar="M",
                        help="least difference of the overall scores, in 1-5 judge units (default 0.5)")
     pairs.add_argument("--test-fraction", type=float, default=0.1, metavar="F")
@@ -206,13 +209,24 @@ def _target_key(target: Any, kind: str) -> tuple[Any, ...]:
 
 
 def _pairs(args: argparse.Namespace) -> int:
-    from mascot.training.pairs import JudgedCandidate, build_pairs, write_pairs
+    from mascot.training.pairs import JudgedCandidate, block_candidates, build_pairs, write_pairs
 
     source = Path(args.source)
     if not source.is_file():
         raise UsageError(f"--in: no such file {args.source}")
-    judged = []
-    for number, record in read_jsonl(source):
+    records = list(read_jsonl(source))
+    if records and "block_start" in records[0][1]:
+        if not args.episodes:
+            raise UsageError("--in holds block judgements: give the judged episodes with --episodes FILE")
+        if not Path(args.episodes).is_file():
+            raise UsageError(f"--episodes: no such file {args.episodes}")
+        episodes = {e.id: e for e in read_episodes(args.episodes)}
+        records = [(n, r) for n, r in records if "block_start" in r]
+        judged = block_candidates([r for _, r in records], episodes)
+        records = []
+    else:
+        judged = []
+    for number, record in records:
         try:
             judged.append(JudgedCandidate.model_validate(record))
         except ValueError as exc:

@@ -6,6 +6,7 @@ This is the only module of ``mascot.policies`` that imports torch; it needs the
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import os
 import threading
@@ -305,7 +306,7 @@ class LocalChatModel(BaseChatModel):
             max_new_tokens=self.max_new_tokens,
             temperature=self.temperature,
             top_p=self.top_p,
-            seed=self.seed,
+            seed=self._seed(run_manager),
             stop=stop,
             chat_template_kwargs=self.chat_template_kwargs,
         )[0]
@@ -334,7 +335,7 @@ class LocalChatModel(BaseChatModel):
             max_new_tokens=self.max_new_tokens,
             temperature=self.temperature,
             top_p=self.top_p,
-            seed=self.seed,
+            seed=self._seed(run_manager),
             chat_template_kwargs=self.chat_template_kwargs,
         )
         for piece in pieces:
@@ -357,6 +358,18 @@ class LocalChatModel(BaseChatModel):
         if run_manager:
             run_manager.on_llm_new_token(piece, chunk=chunk)
         return chunk
+
+    def _seed(self, run_manager: CallbackManagerForLLMRun | None) -> int | None:
+        """The sampling seed of one call: ``seed``, varied by the run's ``episode_id`` and
+        ``sample`` metadata, so repeated episodes and candidate samples differ while each
+        stays reproducible whatever order concurrent calls run in."""
+        if self.seed is None:
+            return None
+        metadata = run_manager.metadata if run_manager else {}
+        if "episode_id" not in metadata and "sample" not in metadata:
+            return self.seed
+        key = f"{self.seed}|{metadata.get('episode_id')}|{metadata.get('sample')}"
+        return int.from_bytes(hashlib.sha256(key.encode()).digest()[:4], "big")
 
     def _metadata(self) -> dict[str, Any]:
         return {

@@ -79,3 +79,15 @@ def test_missing_model_fails_fast_with_the_fix(tmp_path: Path) -> None:
     with pytest.raises(LocalModelError, match="config.json missing"):
         LocalBackend.load(str(tmp_path))
     assert time.monotonic() - start < 5
+
+
+def test_seed_varies_with_episode_and_sample_metadata(tiny_model: Path) -> None:
+    backend = LocalBackend.load(str(tiny_model))
+    model = LocalChatModel(backend=backend, temperature=1.0, max_new_tokens=12, seed=7)
+
+    def reply(**metadata: object) -> str:
+        return model.invoke([HumanMessage("tell me something")], {"metadata": metadata}).text
+
+    assert reply(episode_id="a") == reply(episode_id="a")  # reproducible per episode
+    assert len({reply(episode_id="a"), reply(episode_id="b"), reply(episode_id="a", sample=1)}) == 3
+    assert reply() == reply()  # without metadata: the model's own seed

@@ -49,6 +49,36 @@ def test_rollout_judge_candidates_pairs_train_rm(tiny_model: Path, tmp_path: Pat
     assert "train-rm:" in rm.stdout and (tmp_path / "rm" / "reward_model.json").is_file()
 
 
+def test_group_reward_model_from_block_judgements(tiny_model: Path, tmp_path: Path, roster) -> None:
+    """Repeated rollouts of one scenario and person give blocks after the same opening."""
+    scenario, profile = tmp_path / "one.jsonl", tmp_path / "person.jsonl"
+    scenario.write_text(Path(roster_scenarios()).read_text().splitlines()[0] + "\n")
+    profile.write_text(json.dumps(roster.user_profiles[0].model_dump()) + "\n")
+    episodes = tmp_path / "episodes.jsonl"
+    mascot("rollout", "--roster", "emotional_support", "--policies", str(tiny_model / "policies.yaml"),
+           "--max-tokens", "12", "--episodes", "6", "--max-rounds", "1", "--scenarios", str(scenario),
+           "--profiles", str(profile), "--out", str(episodes))
+    with start_stub_server() as server:
+        mascot("judge", "--in", str(episodes), "--rubric", "group", "--block-turns", "4", "--roster",
+               "emotional_support", "--base-url", server.url, "--model", "stub-judge",
+               "--out", str(tmp_path / "blocks.jsonl"))
+    pairs = mascot("pairs", "--in", str(tmp_path / "blocks.jsonl"), "--episodes", str(episodes),
+                   "--test-fraction", "0", "--out", str(tmp_path / "group-pairs"))
+    train = [json.loads(line) for line in (tmp_path / "group-pairs" / "train.jsonl").read_text().splitlines()]
+    assert train and {p["persona"] for p in train} == {"group"}
+    assert len({p["context_id"] for p in train}) == 1  # every block follows the same opening
+    assert train[0]["prompt"][-1]["role"] == "user" and ": " in train[0]["chosen"][0]["content"]
+    rm = mascot("train-rm", "--pairs", str(tmp_path / "group-pairs"), "--base", str(tiny_model),
+                "--out", str(tmp_path / "rm-group"))
+    assert "train-rm:" in rm.stdout and "pairs:" in pairs.stdout
+
+
+def roster_scenarios() -> str:
+    from mascot.rosters import roster_path
+
+    return str(roster_path("emotional_support").parent / "scenarios.jsonl")
+
+
 def server_calls_for(folder: Path) -> int:
     """Model calls the two first judge runs needed: one per judged line."""
     return sum(len((folder / name).read_text().splitlines()) for name in ("blocks.jsonl", "judged.jsonl"))

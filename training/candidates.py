@@ -172,8 +172,10 @@ async def sample_candidates(
         policies = dict(policies or {})
 
         async def one(context: CandidateContext, sample: int) -> None:
+            # the metadata varies a seeded local model's sampling per candidate
+            config = {"metadata": {"episode_id": context.context_id, "sample": sample}}
             async with limit:
-                reply = await speakers[context.persona].ainvoke(context.prompt)
+                reply = await speakers[context.persona].ainvoke(context.prompt, config)
             text = _clean(reply.text, roster, context.persona)
             if not text:
                 report.empty += 1
