@@ -20,6 +20,7 @@ from transformers import (
     Qwen3Config,
 )
 
+from mascot.policies.local import quiet_loading
 from mascot.rosters import Roster, list_rosters, load_roster, load_scenarios
 
 logger = logging.getLogger(__name__)
@@ -99,7 +100,8 @@ def build_tiny_model(
     model.generation_config = GenerationConfig(
         eos_token_id=special["eos_token_id"], pad_token_id=special["pad_token_id"]
     )
-    model.save_pretrained(out)
+    with quiet_loading():
+        model.save_pretrained(out)
     if with_adapters:
         roster = roster if isinstance(roster, Roster) else load_roster(roster)
         _save_adapters(model, roster, out, seed=seed)
@@ -151,10 +153,11 @@ def _save_adapters(model: torch.nn.Module, roster: Roster, out: Path, *, seed: i
     )
     torch.manual_seed(seed + 1)
     ids = roster.persona_ids
-    peft_model = get_peft_model(model, config, adapter_name=ids[0])
-    for persona_id in ids[1:]:
-        peft_model.add_adapter(persona_id, config)
-    peft_model.save_pretrained(out / "adapters")
+    with quiet_loading():
+        peft_model = get_peft_model(model, config, adapter_name=ids[0])
+        for persona_id in ids[1:]:
+            peft_model.add_adapter(persona_id, config)
+        peft_model.save_pretrained(out / "adapters")
     policies = {
         "version": 1,
         "defaults": {"kind": "local", "model": "."},
@@ -164,3 +167,4 @@ def _save_adapters(model: torch.nn.Module, roster: Roster, out: Path, *, seed: i
         },
     }
     (out / "policies.yaml").write_text(yaml.safe_dump(policies, sort_keys=False), encoding="utf-8")
+

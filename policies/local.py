@@ -10,7 +10,9 @@ import hashlib
 import logging
 import os
 import threading
+import warnings
 from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -24,6 +26,7 @@ from langchain_core.messages import AIMessage, AIMessageChunk, BaseMessage
 from langchain_core.outputs import ChatGeneration, ChatGenerationChunk, ChatResult
 from pydantic import ConfigDict, Field
 from transformers import AutoModelForCausalLM, AutoTokenizer, TextIteratorStreamer
+from transformers.utils import logging as hf_logging
 
 from mascot.policies.spec import PolicyError
 
@@ -106,7 +109,8 @@ class LocalBackend:
         tokenizer.padding_side = "left"
         if tokenizer.pad_token is None:
             tokenizer.pad_token = tokenizer.eos_token
-        base = AutoModelForCausalLM.from_pretrained(source, dtype=dtype).to(device)
+        with quiet_loading():
+            base = AutoModelForCausalLM.from_pretrained(source, dtype=dtype).to(device)
         base.eval()
         for name, path in (adapters or {}).items():
             if not Path(path, "adapter_config.json").is_file():
@@ -115,7 +119,8 @@ class LocalBackend:
             from peft import PeftModel  # only needed when adapters are used
 
             items = list(adapters.items())
-            base = PeftModel.from_pretrained(base, str(items[0][1]), adapter_name=items[0][0])
+            with quiet_loading():
+                base = PeftModel.from_pretrained(base, str(items[0][1]), adapter_name=items[0][0])
             for name, path in items[1:]:
                 base.load_adapter(str(path), adapter_name=name)
             base.eval()
@@ -377,6 +382,20 @@ class LocalChatModel(BaseChatModel):
             "adapter": self.adapter,
             "adapter_version": self.backend.adapter_versions.get(self.adapter) if self.adapter else None,
         }
+
+
+@contextmanager
+def quiet_loading() -> Iterator[None]:
+    """Load or save models without transformers' progress bars (one per shard, even for a
+    tiny model) and without the FutureWarning PEFT 0.21 triggers by reading a property
+    transformers 5.24 deprecated: neither is anything a user can act on."""
+    hf_logging.disable_progress_bar()
+    try:
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message=".*is_gradient_checkpointing.*", category=FutureWarning)
+            yield
+    finally:
+        hf_logging.enable_progress_bar()
 
 
 def to_chat(messages: Sequence[BaseMessage]) -> list[dict[str, str]]:
