@@ -23,7 +23,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, fields
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import peft
 import torch
@@ -36,6 +36,7 @@ from trl import RewardConfig, RewardTrainer
 from trl.trainer.reward_trainer import suppress_seqcls_warning
 
 from mascot.policies.local import resolve_model
+from mascot.training.recipe import LoraRecipe
 
 logger = logging.getLogger(__name__)
 
@@ -56,7 +57,7 @@ class RewardModelError(ValueError):
 
 
 @dataclass
-class RewardModelConfig:
+class RewardModelConfig(LoraRecipe):
     """Our knobs for a reward model; TRL's ``RewardConfig`` (``training``) holds the trainer's.
 
     Attributes:
@@ -72,39 +73,16 @@ class RewardModelConfig:
             CPU-safe defaults (see ``trainer_args``), or ``None`` for the defaults.
     """
 
-    lora_r: int = 16
-    lora_alpha: int = 32
-    lora_dropout: float = 0.05
-    lora_target_modules: list[str] | str = "all-linear"
+    trainer_config: ClassVar[type] = RewardConfig
+    subject: ClassVar[str] = "reward-model"
+
     use_margin: bool = False
     score_batch_size: int = 16
-    training: RewardConfig | Mapping[str, Any] | None = None
 
     def __post_init__(self) -> None:
-        if self.lora_r < 1 or self.lora_alpha <= 0:
-            raise ValueError(f"lora_r={self.lora_r}, lora_alpha={self.lora_alpha}: both must be positive")
-        if not 0.0 <= self.lora_dropout < 1.0:
-            raise ValueError(f"lora_dropout={self.lora_dropout}: must be in [0, 1)")
+        super().__post_init__()
         if self.score_batch_size < 1:
             raise ValueError(f"score_batch_size={self.score_batch_size}: must be at least 1")
-        if isinstance(self.training, Mapping):
-            valid = {f.name for f in fields(RewardConfig)}
-            unknown = sorted(set(self.training) - valid)
-            if unknown:
-                raise ValueError(f"training: unknown trl.RewardConfig field(s) {', '.join(unknown)}")
-
-    @classmethod
-    def from_dict(cls, recipe: Mapping[str, Any]) -> RewardModelConfig:
-        """Build from a YAML recipe: our fields at the top, RewardConfig's under ``training``.
-
-        Raises:
-            ValueError: on an unknown key (the message lists the valid ones).
-        """
-        valid = [f.name for f in fields(cls)]
-        unknown = sorted(set(recipe) - set(valid))
-        if unknown:
-            raise ValueError(f"unknown reward-model setting(s) {', '.join(unknown)}; valid: {', '.join(valid)}")
-        return cls(**recipe)
 
     def lora_config(self) -> LoraConfig:
         """The PEFT configuration (task SEQ_CLS: PEFT adds the ``score`` head to modules_to_save)."""
