@@ -10,7 +10,10 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, fields
+from pathlib import Path
 from typing import Any, ClassVar, Self
+
+import torch
 
 
 @dataclass
@@ -30,6 +33,8 @@ class LoraRecipe:
     trainer_config: ClassVar[type]
     #: What the recipe configures, for error messages ("speaker-training").
     subject: ClassVar[str]
+    #: The entrypoint's own trainer defaults, laid over the common CPU-safe ones.
+    trainer_defaults: ClassVar[dict[str, Any]] = {}
 
     lora_r: int = 16
     lora_alpha: int = 32
@@ -49,6 +54,29 @@ class LoraRecipe:
                 raise ValueError(
                     f"training: unknown trl.{self.trainer_config.__name__} field(s) {', '.join(unknown)}"
                 )
+
+    def trainer_args(self, output_dir: str | Path) -> Any:
+        """TRL's trainer configuration (an instance of ``trainer_config``).
+
+        A config given as ``training`` is returned as is. Otherwise the defaults run
+        anywhere: fp32 on a CPU (``use_cpu``, ``bf16=False``), bf16 on a GPU that has it,
+        no gradient checkpointing, no reporting, no checkpoints, then ``trainer_defaults``;
+        ``training`` entries override them.
+
+        Args:
+            output_dir: Where the trainer may write (unless ``training`` names a folder).
+        """
+        if isinstance(self.training, self.trainer_config):
+            return self.training
+        gpu = torch.cuda.is_available()
+        given = dict(self.training or {})
+        # transformers 5 renamed gradient_checkpointing (TRL defaults it to True, with a
+        # deprecation warning) to activation_checkpointing, which wins when both are set
+        given.setdefault("activation_checkpointing", given.get("gradient_checkpointing", False))
+        defaults = {"output_dir": str(output_dir), "use_cpu": not gpu, "report_to": "none",
+                    "bf16": gpu and torch.cuda.is_bf16_supported(), "save_strategy": "no",
+                    **self.trainer_defaults}
+        return self.trainer_config(**{**defaults, **given})
 
     @classmethod
     def from_dict(cls, recipe: Mapping[str, Any]) -> Self:

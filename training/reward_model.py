@@ -75,6 +75,9 @@ class RewardModelConfig(LoraRecipe):
 
     trainer_config: ClassVar[type] = RewardConfig
     subject: ClassVar[str] = "reward-model"
+    trainer_defaults: ClassVar[dict[str, Any]] = {
+        "per_device_train_batch_size": 8, "per_device_eval_batch_size": 8, "num_train_epochs": 1, "max_length": 1024,
+    }
 
     use_margin: bool = False
     score_batch_size: int = 16
@@ -88,30 +91,6 @@ class RewardModelConfig(LoraRecipe):
         """The PEFT configuration (task SEQ_CLS: PEFT adds the ``score`` head to modules_to_save)."""
         return LoraConfig(task_type="SEQ_CLS", r=self.lora_r, lora_alpha=self.lora_alpha,
                           lora_dropout=self.lora_dropout, target_modules=self.lora_target_modules)
-
-    def trainer_args(self, output_dir: str | Path) -> RewardConfig:
-        """TRL's trainer configuration.
-
-        A ``RewardConfig`` given as ``training`` is returned as is. Otherwise the defaults
-        run anywhere: fp32 on a CPU (``use_cpu``, ``bf16=False``), bf16 on a GPU that has
-        it, no gradient checkpointing, no reporting, no checkpoints, batch size 8, one
-        epoch; ``training`` entries override them.
-
-        Args:
-            output_dir: Where the trainer may write (unless ``training`` names a folder).
-        """
-        if isinstance(self.training, RewardConfig):
-            return self.training
-        gpu = torch.cuda.is_available()
-        given = dict(self.training or {})
-        # transformers 5 renamed gradient_checkpointing (TRL defaults it to True, with a
-        # deprecation warning) to activation_checkpointing, which wins when both are set
-        given.setdefault("activation_checkpointing", given.get("gradient_checkpointing", False))
-        defaults = {"output_dir": str(output_dir), "use_cpu": not gpu, "report_to": "none",
-                    "bf16": gpu and torch.cuda.is_bf16_supported(), "save_strategy": "no",
-                    "per_device_train_batch_size": 8, "per_device_eval_batch_size": 8,
-                    "num_train_epochs": 1, "max_length": 1024}
-        return RewardConfig(**{**defaults, **given})
 
 
 @dataclass(frozen=True)

@@ -75,6 +75,11 @@ class SpeakerTrainingConfig(LoraRecipe):
 
     trainer_config: ClassVar[type] = GRPOConfig
     subject: ClassVar[str] = "speaker-training"
+    # no KL term (beta=0), logging every step; a test asks for tiny generations in ``training``
+    trainer_defaults: ClassVar[dict[str, Any]] = {
+        "beta": 0.0, "logging_steps": 1, "num_generations": 4, "per_device_train_batch_size": 8,
+        "max_completion_length": 256,
+    }
 
     personas: list[str] = field(default_factory=list)
     per_persona: bool = True
@@ -110,30 +115,6 @@ class SpeakerTrainingConfig(LoraRecipe):
             "format_reward": (roster_format_reward(roster, persona), self.format_weight),
             "redundancy_penalty": (redundancy_penalty_reward, self.redundancy_weight),
         }
-
-    def trainer_args(self, output_dir: str | Path) -> GRPOConfig:
-        """TRL's trainer configuration.
-
-        A ``GRPOConfig`` given as ``training`` is returned as is. Otherwise the defaults run
-        anywhere: fp32 on a CPU (``use_cpu``, ``bf16=False``), bf16 on a GPU that has it, no
-        gradient checkpointing, no reporting, no checkpoints, no KL term (``beta=0``),
-        logging every step; ``training`` entries override them (a test asks for tiny
-        ``num_generations`` / ``max_completion_length`` there).
-
-        Args:
-            output_dir: Where the trainer may write (unless ``training`` names a folder).
-        """
-        if isinstance(self.training, GRPOConfig):
-            return self.training
-        gpu = torch.cuda.is_available()
-        given = dict(self.training or {})
-        # transformers 5 renamed gradient_checkpointing to activation_checkpointing
-        given.setdefault("activation_checkpointing", given.get("gradient_checkpointing", False))
-        defaults = {"output_dir": str(output_dir), "use_cpu": not gpu, "report_to": "none",
-                    "bf16": gpu and torch.cuda.is_bf16_supported(), "save_strategy": "no",
-                    "beta": 0.0, "logging_steps": 1, "num_generations": 4,
-                    "per_device_train_batch_size": 8, "max_completion_length": 256}
-        return GRPOConfig(**{**defaults, **given})
 
 
 @dataclass(frozen=True)
