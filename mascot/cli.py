@@ -57,7 +57,10 @@ _QUIT = {"/quit", "/exit", "/q"}
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the ``mascot`` command line and return its exit code."""
     parser = _parser()
-    args = parser.parse_args(argv)
+    args, extra = parser.parse_known_args(argv)
+    if extra and not hasattr(args, "trainer_flags"):
+        parser.error(f"unrecognized arguments: {' '.join(extra)}")
+    args.trainer_flags = extra  # TRL config fields of the training commands (--learning_rate 1e-5)
     args.argv = list(sys.argv[1:] if argv is None else argv)  # for worker processes
     logging.basicConfig(
         level=logging.INFO if args.verbose else logging.WARNING,

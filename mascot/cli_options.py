@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import argparse
 import logging
+from pathlib import Path
+from typing import Any
 
 from pydantic import ValidationError
 from rich.console import Console
@@ -130,3 +132,29 @@ def masked(text: str) -> str:
 
 
 _redactor: Redactor | None = None
+
+
+def add_recipe_flags(parser: argparse.ArgumentParser, ours: str, trainer: str) -> None:
+    """``--base`` and ``--config``; the command also takes TRL's own flags (see ``recipe_from_args``)."""
+    parser.add_argument("--base", metavar="HF_ID_OR_PATH",
+                        help=f"base model (default: the recipe's model_name_or_path, else {DEFAULT_MODEL})")
+    parser.add_argument("--config", metavar="RECIPE.yaml",
+                        help=f"a flat YAML recipe of {ours}, trl.{trainer} and trl.ModelConfig (LoRA) fields; "
+                             f"any of them can also be given as a flag, e.g. --learning_rate 1e-5")
+    parser.set_defaults(trainer_flags=[])
+
+
+def recipe_from_args(config_class: Any, args: argparse.Namespace) -> tuple[Any, str]:
+    """The recipe of a training command (``--config`` and TRL flags, read by TRL's parser)
+    and its base model (``--base``, else the recipe's ``model_name_or_path``, else the default).
+
+    Raises:
+        UsageError: on a recipe file that is missing or invalid, or a bad flag.
+    """
+    if args.config and not Path(args.config).is_file():
+        raise UsageError(f"--config: no such file {args.config}")
+    try:
+        config, model = config_class.parse(args.config, args.trainer_flags)
+    except ValueError as exc:
+        raise UsageError(f"{'--config ' + args.config if args.config else 'recipe flags'}: {exc}") from None
+    return config, args.base or model or DEFAULT_MODEL

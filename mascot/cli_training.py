@@ -8,19 +8,18 @@ import asyncio
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from mascot.cli_options import (
-    DEFAULT_MODEL,
     UsageError,
+    add_recipe_flags,
     add_policy_flags,
     err,
     mask_secrets_in_logs,
     out,
     policies_from_args,
     positive,
+    recipe_from_args,
 )
 from mascot.rosters import load_roster
 from mascot.training.candidates import (
@@ -83,10 +82,7 @@ def add_commands(commands: argparse._SubParsersAction) -> None:
 
     train_rm = commands.add_parser("train-rm", help="train a LoRA reward model on preference pairs")
     train_rm.add_argument("--pairs", required=True, metavar="DIR", help="folder from mascot pairs")
-    train_rm.add_argument("--base", default=DEFAULT_MODEL, metavar="HF_ID_OR_PATH",
-                          help=f"base model (default {DEFAULT_MODEL})")
-    train_rm.add_argument("--config", metavar="RECIPE.yaml",
-                          help="RewardModelConfig fields; TRL RewardConfig fields under 'training'")
+    add_recipe_flags(train_rm, "RewardModelConfig", "RewardConfig")
     train_rm.add_argument("--out", required=True, metavar="DIR")
     train_rm.set_defaults(run=_train_rm)
 
@@ -250,21 +246,10 @@ def _train_rm(args: argparse.Namespace) -> int:
         raise UsageError(f"--pairs: no train.jsonl in {folder} (make it with `mascot pairs`)")
     train = read_pairs(folder / "train.jsonl")
     test = read_pairs(folder / "test.jsonl") if (folder / "test.jsonl").is_file() else []
-    config = None
-    if args.config:
-        try:
-            recipe = yaml.safe_load(Path(args.config).read_text(encoding="utf-8")) or {}
-        except (OSError, UnicodeDecodeError, yaml.YAMLError) as exc:
-            raise UsageError(f"--config: cannot read {args.config} ({str(exc).splitlines()[0]})") from None
-        if not isinstance(recipe, dict):
-            raise UsageError(f"--config: {args.config} is not a mapping")
-        try:
-            config = RewardModelConfig.from_dict(recipe)
-        except (TypeError, ValueError) as exc:
-            raise UsageError(f"--config: {exc}") from None
-    err.print(f"training a reward model on {len(train)} pairs ({len(test)} held out) from {args.base}", markup=False)
+    config, base = recipe_from_args(RewardModelConfig, args)
+    err.print(f"training a reward model on {len(train)} pairs ({len(test)} held out) from {base}", markup=False)
     try:
-        report = train_reward_model(train, test, base=args.base, out=args.out, config=config)
+        report = train_reward_model(train, test, base=base, out=args.out, config=config)
     except RewardModelError as exc:  # torch is imported only here, so the error class too
         raise UsageError(str(exc)) from None
     accuracy = (f"held-out pairwise accuracy {report.accuracy_before:.2f} -> {report.accuracy_after:.2f}"

@@ -32,3 +32,22 @@ def tiny_llama(tmp_path_factory: pytest.TempPathFactory) -> Path:
     from mascot.tiny_model import build_tiny_model
 
     return build_tiny_model(tmp_path_factory.mktemp("tiny") / "llama", arch="llama")
+
+
+@pytest.fixture(scope="session")
+def episodes(roster: Roster, tmp_path_factory: pytest.TempPathFactory) -> list:
+    """Two two-round episodes of scripted (hash-answering) policies, read back from disk."""
+    import asyncio
+
+    from fakes import director_fake, speaker_fake
+    from mascot.graphs import create_director_graph
+    from mascot.rosters import load_scenarios
+    from mascot.training.episode import read_episodes
+    from mascot.training.rollout import collect_episodes
+
+    graph = create_director_graph(roster, director=director_fake(roster.persona_ids), speakers=speaker_fake(),
+                                  user=speaker_fake(), max_rounds=2)
+    out = tmp_path_factory.mktemp("episodes") / "episodes.jsonl"
+    asyncio.run(collect_episodes(graph, load_scenarios(roster.id)[:2], roster.user_profiles[:1],
+                                 roster=roster.id, out=out))
+    return read_episodes(out)

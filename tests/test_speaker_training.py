@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import json
 import random
 from pathlib import Path
@@ -13,13 +12,9 @@ import torch
 from datasets import Dataset
 from transformers import TrainerCallback
 
-from fakes import director_fake, speaker_fake
-from mascot.graphs import create_director_graph
 from mascot.policies.local import LocalBackend
-from mascot.rosters import Roster, load_scenarios
-from mascot.training.episode import read_episodes
+from mascot.rosters import Roster
 from mascot.training.rewards import format_reward, roster_format_reward, weighted_rewards
-from mascot.training.rollout import collect_episodes
 from mascot.training.speaker_training import (
     SpeakerTrainingConfig,
     speaker_prompts,
@@ -87,16 +82,6 @@ class Snapshots(TrainerCallback):
         self.after = {n: p.detach().clone() for n, p in model.named_parameters()}
 
 
-@pytest.fixture(scope="module")
-def episodes(roster: Roster, tmp_path_factory: pytest.TempPathFactory) -> list:
-    graph = create_director_graph(roster, director=director_fake(roster.persona_ids), speakers=speaker_fake(),
-                                  user=speaker_fake(), max_rounds=2)
-    out = tmp_path_factory.mktemp("episodes") / "episodes.jsonl"
-    asyncio.run(collect_episodes(graph, load_scenarios(roster.id)[:2], roster.user_profiles[:1],
-                                 roster=roster.id, out=out))
-    return read_episodes(out)
-
-
 def test_speaker_prompts_are_the_persona_turns(roster: Roster, episodes: list) -> None:
     persona = roster.persona_ids[0]
     dataset = speaker_prompts(episodes, roster, persona)
@@ -128,7 +113,7 @@ def test_grpo_raises_a_learnable_reward(sharp_model: tuple, roster: Roster, epis
     # measured over seeds 0-2: first window 0.62-0.65, last 0.81-0.98
     assert report.reward_last - report.reward_first >= 0.12
     card = json.loads((tmp_path / persona / "adapter_card.json").read_text())
-    assert card["method"] == "grpo" and card["persona"] == persona and card["steps"] == 60
+    assert card["method"] == "grpo" and card["role"] == persona and card["steps"] == 60
     assert card["reward_terms"] == ["on_target"] and card["reward_last"] == report.reward_last
 
 
@@ -224,6 +209,6 @@ def test_config_from_dict_rejects_unknown_keys(roster: Roster) -> None:
     with pytest.raises(ValueError, match="num_generation"):
         SpeakerTrainingConfig(training={"num_generation": 2})
     args = SpeakerTrainingConfig().trainer_args("/tmp/x")
-    assert (args.beta, args.save_strategy, args.report_to) == (0.0, "no", [])
+    assert (args.beta, args.save_strategy, args.save_steps, args.report_to) == (0.0, "steps", 25, [])
     with pytest.raises(ValueError, match="rm_weight"):
         SpeakerTrainingConfig().reward_terms(roster, "anchor")

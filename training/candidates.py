@@ -123,7 +123,7 @@ def candidate_contexts(episodes: Sequence[Episode], roster: Roster) -> list[Cand
                         prompt=speaker_messages(roster, persona, direction, list(history)),
                     )
                 )
-            history.append(_langchain(message.role, message.content, message.name))
+            history.append(langchain_message(message.role, message.content, message.name))
     return contexts
 
 
@@ -216,7 +216,8 @@ def _clean(text: str, roster: Roster, persona_id: str) -> str:
     return clean_reply(text, own=speaker_labels(persona.id, persona.name), others=others)
 
 
-def _langchain(role: str, content: str, name: str | None) -> BaseMessage:
+def langchain_message(role: str, content: str, name: str | None) -> BaseMessage:
+    """An OpenAI-format episode message as the LangChain message the graph holds."""
     if role == "user":
         return HumanMessage(content)
     if role == "system":

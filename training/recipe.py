@@ -1,19 +1,35 @@
 """Training recipes: our few knobs of a LoRA training run, TRL's own config under ``training``.
 
 Each training entrypoint has one small dataclass of ours (``RewardModelConfig``,
-``SpeakerTrainingConfig``) built on ``LoraRecipe``: the LoRA settings, the TRL config
-dataclass of that trainer under ``training`` (used as is, or a mapping of its fields), and
-loading from a YAML recipe with unknown keys refused.
+``SpeakerTrainingConfig``, ...) built on ``LoraRecipe``: the LoRA settings, the TRL config
+dataclass of that trainer under ``training`` (used as is, or a mapping of its fields).
+
+Recipe files and command-line flags are read by TRL's own parser (``trl.TrlParser``), as
+``trl grpo --config`` reads them: one flat YAML mapping whose keys are fields of our
+dataclass, of the trainer's TRL config (``GRPOConfig``, ``DPOConfig``, ``RewardConfig``)
+and of ``trl.ModelConfig`` (the LoRA settings), with flags such as ``--learning_rate 1e-5``
+overriding the file. ``LoraRecipe.parse`` does that; ``from_dict`` takes the Python shape
+(our fields at the top, the TRL config's under ``training``).
 """
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping
-from dataclasses import dataclass, fields
+from collections.abc import Sequence
+from dataclasses import MISSING, dataclass, field, fields, make_dataclass
 from pathlib import Path
-from typing import Any, ClassVar, Self
+from typing import Any, ClassVar, Self, get_type_hints
 
 import torch
+import yaml
+from peft import LoraConfig
+from trl import ModelConfig, TrlParser
+
+#: The LoRA fields of a recipe, named as in ``trl.ModelConfig``.
+LORA_FIELDS = ("lora_r", "lora_alpha", "lora_dropout", "lora_target_modules")
+#: ``trl.ModelConfig`` fields a recipe may set besides the LoRA ones (the base model).
+_MODEL_FIELDS = ("model_name_or_path", "use_peft", "lora_task_type")
 
 
 @dataclass
@@ -33,6 +49,8 @@ class LoraRecipe:
     trainer_config: ClassVar[type]
     #: What the recipe configures, for error messages ("speaker-training").
     subject: ClassVar[str]
+    #: PEFT task type of the adapter.
+    lora_task: ClassVar[str] = "CAUSAL_LM"
     #: The entrypoint's own trainer defaults, laid over the common CPU-safe ones.
     trainer_defaults: ClassVar[dict[str, Any]] = {}
 
@@ -55,6 +73,11 @@ class LoraRecipe:
                     f"training: unknown trl.{self.trainer_config.__name__} field(s) {', '.join(unknown)}"
                 )
 
+    def lora_config(self) -> LoraConfig:
+        """The PEFT configuration (task ``lora_task``)."""
+        return LoraConfig(task_type=self.lora_task, r=self.lora_r, lora_alpha=self.lora_alpha,
+                          lora_dropout=self.lora_dropout, target_modules=self.lora_target_modules)
+
     def trainer_args(self, output_dir: str | Path) -> Any:
         """TRL's trainer configuration (an instance of ``trainer_config``).
 
@@ -68,15 +91,75 @@ class LoraRecipe:
         """
         if isinstance(self.training, self.trainer_config):
             return self.training
-        gpu = torch.cuda.is_available()
         given = dict(self.training or {})
+        given.setdefault("activation_checkpointing", given.get("gradient_checkpointing", False))
+        defaults = {"output_dir": str(output_dir), **self._default_trainer_fields()}
+        return self.trainer_config(**{**defaults, **given})
+
+    def record(self, args: Any) -> dict[str, Any]:
+        """Our settings and the trainer's (``args``, secrets masked by ``transformers``) as
+        JSON data, for a model card."""
+        return {**{f.name: getattr(self, f.name) for f in fields(self) if f.name != "training"},
+                "training": json.loads(args.to_json_string())}
+
+    @classmethod
+    def parse(cls, recipe: str | Path | None = None, flags: Sequence[str] = ()) -> tuple[Self, str | None]:
+        """Read a recipe file and flags with TRL's parser (``trl.TrlParser``).
+
+        The defaults are ``trainer_args``'s (CPU-safe, then the entrypoint's); the file's
+        values replace them and flags (``--learning_rate 1e-5``) replace the file's.
+
+        Args:
+            recipe: A flat YAML file of our fields, the TRL config's and ``ModelConfig``'s.
+            flags: ``--field value`` pairs of the same dataclasses.
+
+        Returns:
+            The config (``training`` a ready TRL config) and the recipe's
+            ``model_name_or_path`` (``None`` if not set).
+
+        Raises:
+            ValueError: on an unknown key or flag, a bad value, or a ``ModelConfig`` field
+                other than the LoRA ones (one line).
+        """
+        ours = [f for f in fields(cls) if f.name not in (*LORA_FIELDS, "training")]
+        hints = get_type_hints(cls)
+        knobs = make_dataclass(f"{cls.__name__}Fields", [
+            (f.name, hints[f.name], field(default=f.default) if f.default is not MISSING
+             else field(default_factory=f.default_factory)) for f in ours])
+        parser = TrlParser((knobs, cls.trainer_config, ModelConfig))
+        parser.set_defaults(**cls._default_trainer_fields(), output_dir="checkpoints", use_peft=True,
+                            lora_target_modules=["all-linear"])
+        parser.error = _refuse  # argparse would print the whole usage and exit
+        args = ["--config", str(recipe), *flags] if recipe is not None else list(flags)
+        try:
+            mine, trainer, model, left = parser.parse_args_and_config(args, return_remaining_strings=True)
+        except (TypeError, ValueError, OSError, yaml.YAMLError) as exc:
+            raise ValueError(str(exc).splitlines()[0]) from None
+        if left:
+            raise ValueError(f"unknown {cls.subject} setting(s) {' '.join(left)}")
+        if not model.use_peft:
+            raise ValueError("use_peft: false; mascot trains LoRA adapters only")
+        defaults = ModelConfig()
+        extra = [f.name for f in fields(ModelConfig) if f.name not in (*LORA_FIELDS, *_MODEL_FIELDS)
+                 and getattr(model, f.name) != getattr(defaults, f.name)]
+        if extra:
+            raise ValueError(f"ModelConfig field(s) {', '.join(extra)} are not used by mascot; "
+                             f"it reads {', '.join(LORA_FIELDS)} and model_name_or_path")
+        targets = model.lora_target_modules
+        config = cls(**{f.name: getattr(mine, f.name) for f in ours},
+                     **{name: getattr(model, name) for name in LORA_FIELDS[:3]},
+                     lora_target_modules=targets[0] if targets == ["all-linear"] else targets,
+                     training=trainer)
+        return config, model.model_name_or_path
+
+    @classmethod
+    def _default_trainer_fields(cls) -> dict[str, Any]:
+        gpu = torch.cuda.is_available()
         # transformers 5 renamed gradient_checkpointing (TRL defaults it to True, with a
         # deprecation warning) to activation_checkpointing, which wins when both are set
-        given.setdefault("activation_checkpointing", given.get("gradient_checkpointing", False))
-        defaults = {"output_dir": str(output_dir), "use_cpu": not gpu, "report_to": "none",
-                    "bf16": gpu and torch.cuda.is_bf16_supported(), "save_strategy": "no",
-                    **self.trainer_defaults}
-        return self.trainer_config(**{**defaults, **given})
+        return {"use_cpu": not gpu, "report_to": "none", "bf16": gpu and torch.cuda.is_bf16_supported(),
+                "save_strategy": "no", "gradient_checkpointing": False, "activation_checkpointing": False,
+                **cls.trainer_defaults}
 
     @classmethod
     def from_dict(cls, recipe: Mapping[str, Any]) -> Self:
@@ -90,3 +173,7 @@ class LoraRecipe:
         if unknown:
             raise ValueError(f"unknown {cls.subject} setting(s) {', '.join(unknown)}; valid: {', '.join(valid)}")
         return cls(**recipe)
+
+
+def _refuse(message: str) -> None:
+    raise ValueError(message)

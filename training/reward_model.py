@@ -15,8 +15,6 @@ from __future__ import annotations
 
 import json
 import logging
-import os
-import shutil
 import tempfile
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -30,12 +28,13 @@ import torch
 import transformers
 import trl
 from datasets import Dataset
-from peft import LoraConfig, PeftModel, get_peft_model
+from peft import PeftModel, get_peft_model
 from transformers import AutoModelForSequenceClassification, AutoTokenizer, TrainerCallback, set_seed
 from trl import RewardConfig, RewardTrainer
 from trl.trainer.reward_trainer import suppress_seqcls_warning
 
 from mascot.policies.local import resolve_model
+from mascot.training.adapter_folder import replace_folder
 from mascot.training.recipe import LoraRecipe
 
 logger = logging.getLogger(__name__)
@@ -75,6 +74,8 @@ class RewardModelConfig(LoraRecipe):
 
     trainer_config: ClassVar[type] = RewardConfig
     subject: ClassVar[str] = "reward-model"
+    # PEFT's SEQ_CLS task adds the ``score`` head to modules_to_save
+    lora_task: ClassVar[str] = "SEQ_CLS"
     trainer_defaults: ClassVar[dict[str, Any]] = {
         "per_device_train_batch_size": 8, "per_device_eval_batch_size": 8, "num_train_epochs": 1, "max_length": 1024,
     }
@@ -87,10 +88,6 @@ class RewardModelConfig(LoraRecipe):
         if self.score_batch_size < 1:
             raise ValueError(f"score_batch_size={self.score_batch_size}: must be at least 1")
 
-    def lora_config(self) -> LoraConfig:
-        """The PEFT configuration (task SEQ_CLS: PEFT adds the ``score`` head to modules_to_save)."""
-        return LoraConfig(task_type="SEQ_CLS", r=self.lora_r, lora_alpha=self.lora_alpha,
-                          lora_dropout=self.lora_dropout, target_modules=self.lora_target_modules)
 
 
 @dataclass(frozen=True)
@@ -258,24 +255,13 @@ def _check_head_trainable(model: Any) -> None:
 
 
 def _save(model: Any, tokenizer: Any, out: Path, info: Mapping[str, Any]) -> None:
-    """Write into a fresh folder beside ``out``, then swap it in with renames."""
-    stage = Path(tempfile.mkdtemp(prefix=f".{out.name}.new-", dir=out.parent))
-    try:
+    def write(stage: Path) -> None:
         model.save_pretrained(stage)
         tokenizer.save_pretrained(stage)
         (stage / INFO_FILE).write_text(json.dumps(info, indent=2) + "\n", encoding="utf-8")
         (stage / "README.md").write_text(_card(info), encoding="utf-8")  # replaces PEFT's stub
-        os.chmod(stage, 0o755)  # mkdtemp makes it private
-        if out.exists():
-            old = Path(tempfile.mkdtemp(prefix=f".{out.name}.old-", dir=out.parent))
-            os.replace(out, old / out.name)
-            os.replace(stage, out)
-            shutil.rmtree(old)
-        else:
-            os.replace(stage, out)
-    except BaseException:
-        shutil.rmtree(stage, ignore_errors=True)
-        raise
+
+    replace_folder(out, write)
 
 
 def _card(info: Mapping[str, Any]) -> str:

@@ -109,16 +109,28 @@ def format_reward(
     return [_score(_text(c), prefix=prefix, others=others, max_words=max_words) for c in completions]
 
 
-def roster_format_reward(roster: Roster, persona: str, *, max_words: int = MAX_WORDS) -> RewardFunction:
+def roster_format_reward(roster: Roster, persona: str | None, *, max_words: int = MAX_WORDS) -> RewardFunction:
     """``format_reward`` for one persona of ``roster``: labels are the roster's names only.
 
     A leading label of the persona itself or of anyone else is a prefix; a label of another
     persona or of the person anywhere else (a later line, or the start) is speaking for
-    others. The function is named ``format_reward``.
+    others. The function is named ``format_reward``. With ``persona=None`` (a shared
+    adapter) each row is scored as the persona of its ``persona`` column.
 
     Raises:
         KeyError: if ``persona`` is not in the roster (the roster's message lists the ids).
     """
+    if persona is None:
+        each = {pid: roster_format_reward(roster, pid, max_words=max_words) for pid in roster.persona_ids}
+
+        def per_row(prompts: Sequence[Sample], completions: Sequence[Sample], *, persona: Sequence[str],
+                    **kwargs: Any) -> list[float | None]:
+            return [each[p](prompts=[prompt], completions=[c])[0]
+                    for prompt, c, p in zip(prompts, completions, persona, strict=True)]
+
+        per_row.__name__ = per_row.__qualname__ = "format_reward"
+        per_row.__doc__ = format_reward.__doc__
+        return per_row
     own = roster.persona(persona)
     other_labels = user_labels() + speaker_labels(
         *(label for p in roster.personas if p.id != own.id for label in (p.id, p.name))

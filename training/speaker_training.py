@@ -9,29 +9,28 @@ term as ``rewards/<name>/mean`` and their weighted sum as ``reward``.
 
 from __future__ import annotations
 
-import json
 import logging
-import os
-import shutil
-import tempfile
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field, fields
-from datetime import UTC, datetime
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar
 
-import peft
 import torch
-import transformers
-import trl
 from datasets import Dataset
-from peft import LoraConfig
 from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback, set_seed
 from trl import GRPOConfig, GRPOTrainer
 
 from mascot.policies.local import quiet_loading, resolve_model, to_chat
 from mascot.rosters import Roster
+from mascot.training.adapter_folder import (
+    adapter_target,
+    base_reference,
+    checkpoint_dir,
+    reward_windows,
+    save_adapter,
+    train_resuming,
+)
 from mascot.training.candidates import candidate_contexts
 from mascot.training.episode import Episode
 from mascot.training.metrics import redundancy_penalty_reward
@@ -39,14 +38,6 @@ from mascot.training.recipe import LoraRecipe
 from mascot.training.rewards import RewardFunction, roster_format_reward, weighted_rewards
 
 logger = logging.getLogger(__name__)
-
-#: The description file saved beside each adapter.
-CARD_FILE = "adapter_card.json"
-#: Version of ``CARD_FILE``'s format.
-FORMAT_VERSION = 1
-#: Fraction of the logged steps averaged for the first and the last reward window.
-WINDOW_FRACTION = 0.25
-
 
 class SpeakerTrainingError(ValueError):
     """Speaker training cannot start or save; the message is one line."""
@@ -64,8 +55,6 @@ class SpeakerTrainingConfig(LoraRecipe):
         lora_alpha: LoRA scaling numerator.
         lora_dropout: LoRA dropout.
         lora_target_modules: Module names to adapt, or ``"all-linear"``.
-        lora_init: PEFT's ``init_lora_weights``: ``True`` (B = 0, the adapter starts as a
-            no-op), ``False`` (random) or a named scheme (``"gaussian"``, ``"pissa"``, ...).
         rm_weight: Weight of the persona reward model term.
         format_weight: Weight of ``format_reward``.
         redundancy_weight: Weight of ``redundancy_penalty_reward`` (0 = not computed).
@@ -75,33 +64,28 @@ class SpeakerTrainingConfig(LoraRecipe):
 
     trainer_config: ClassVar[type] = GRPOConfig
     subject: ClassVar[str] = "speaker-training"
-    # no KL term (beta=0), logging every step; a test asks for tiny generations in ``training``
+    # no KL term (beta=0), logging every step, a checkpoint to resume from every 25 steps
     trainer_defaults: ClassVar[dict[str, Any]] = {
         "beta": 0.0, "logging_steps": 1, "num_generations": 4, "per_device_train_batch_size": 8,
-        "max_completion_length": 256,
+        "max_completion_length": 256, "save_strategy": "steps", "save_steps": 25, "save_total_limit": 1,
     }
 
     personas: list[str] = field(default_factory=list)
     per_persona: bool = True
-    lora_init: bool | str = True
     rm_weight: float = 1.0
     format_weight: float = 0.5
     redundancy_weight: float = 0.0
 
-    def lora_config(self) -> LoraConfig:
-        """The PEFT configuration (task CAUSAL_LM)."""
-        return LoraConfig(task_type="CAUSAL_LM", r=self.lora_r, lora_alpha=self.lora_alpha,
-                          lora_dropout=self.lora_dropout, target_modules=self.lora_target_modules,
-                          init_lora_weights=self.lora_init)
 
     def reward_terms(
-        self, roster: Roster, persona: str, *, reward_model: RewardFunction | None = None
+        self, roster: Roster, persona: str | None, *, reward_model: RewardFunction | None = None
     ) -> dict[str, tuple[RewardFunction, float]]:
         """The recipe's reward terms for ``persona``, for ``weighted_rewards``.
 
         Args:
             roster: The roster (format labels).
-            persona: Persona id.
+            persona: Persona id, or ``None`` for a shared adapter (the format reward reads
+                each row's ``persona`` column).
             reward_model: The persona RM's reward function (``RewardModel.reward_function``);
                 required when ``rm_weight`` is not 0.
 
@@ -169,8 +153,9 @@ def train_speaker(
     persona: str,
     out: str | Path,
     reward_funcs: Mapping[str, tuple[RewardFunction, float]] | Sequence[RewardFunction],
-    config: SpeakerTrainingConfig | Mapping[str, Any] | None = None,
+    config: LoraRecipe | Mapping[str, Any] | None = None,
     callbacks: Sequence[TrainerCallback] = (),
+    data: str | None = None,
 ) -> SpeakerReport:
     """Fit one LoRA speaker adapter with GRPO and save it to ``out/<persona>``.
 
@@ -182,100 +167,67 @@ def train_speaker(
             once the new one is complete.
         reward_funcs: Name -> (function, weight), see ``weighted_rewards``; or a list of
             functions weighed by ``training.reward_weights``.
-        config: Our settings, or a recipe mapping for ``SpeakerTrainingConfig.from_dict``.
+        config: Our settings (a ``SpeakerTrainingConfig``, or the GRPO config of another
+            role such as ``DirectorTrainingConfig``), or a mapping for
+            ``SpeakerTrainingConfig.from_dict``.
         callbacks: ``transformers`` trainer callbacks.
+        data: What the prompts came from (e.g. the episode file), for the card.
+
+    Checkpoints go to ``out/checkpoints/<persona>`` (``training.save_steps``); called again
+    after an interruption, it resumes from the last one.
 
     Returns:
         The report; its numbers are also in ``out/<persona>/adapter_card.json``.
 
     Raises:
         LocalModelError: if the base model cannot be loaded from anywhere.
-        SpeakerTrainingError: on an empty dataset, no chat template for conversational
-            prompts, or an unusable ``out``.
+        SpeakerTrainingError: on an empty dataset or no chat template for conversational
+            prompts.
+        AdapterFolderError: on an unusable ``out``.
     """
     started = time.monotonic()
-    if not isinstance(config, SpeakerTrainingConfig):
+    if not isinstance(config, LoraRecipe):
         config = SpeakerTrainingConfig.from_dict(config or {})
     if len(dataset) == 0 or "prompt" not in dataset.column_names:
         raise SpeakerTrainingError(f"the dataset needs rows with a 'prompt' column; got {len(dataset)} rows, "
                                    f"columns {', '.join(dataset.column_names) or 'none'}")
-    target = _check_out(Path(out).expanduser(), persona)
+    target = adapter_target(out, persona)
     source = resolve_model(base)
     if isinstance(reward_funcs, Mapping):
         functions, weights = weighted_rewards(reward_funcs)
     else:
         functions, weights = list(reward_funcs), None
-    with tempfile.TemporaryDirectory(prefix="mascot-grpo-") as scratch:
-        args = config.trainer_args(Path(scratch) / "trainer")
-        if weights is not None:
-            args.reward_weights = weights
-        set_seed(args.seed)
-        tokenizer = AutoTokenizer.from_pretrained(source)
-        if isinstance(dataset[0]["prompt"], list) and not tokenizer.chat_template:
-            raise SpeakerTrainingError(f"the tokenizer of {base} has no chat template; conversational prompts need one")
-        with quiet_loading():
-            model = AutoModelForCausalLM.from_pretrained(source, dtype=torch.bfloat16 if args.bf16 else torch.float32)
-            trainer = GRPOTrainer(model, reward_funcs=functions, args=args, train_dataset=dataset,
-                                  processing_class=tokenizer, peft_config=config.lora_config(),
-                                  callbacks=list(callbacks))
-            result = trainer.train()
-        rewards = [float(entry["reward"]) for entry in trainer.state.log_history if "reward" in entry]
-        window = max(1, int(len(rewards) * WINDOW_FRACTION))
-        first = sum(rewards[:window]) / window if rewards else None
-        last = sum(rewards[-window:]) / window if rewards else None
-        numbers = {"prompts": len(dataset), "steps": int(result.global_step), "rewards": rewards,
-                   "reward_first": first, "reward_last": last}
-        seconds = round(time.monotonic() - started, 3)
-        _save(trainer.accelerator.unwrap_model(trainer.model), tokenizer, target, {
-            "format": FORMAT_VERSION,
-            "method": "grpo",
-            "base": str(Path(source).resolve()) if Path(source).is_dir() else source,
-            "persona": persona,
-            "created_at": datetime.now(UTC).isoformat(timespec="seconds"),
-            "steps": numbers["steps"],
-            "reward_first": first,
-            "reward_last": last,
-            "reward_terms": trainer.reward_func_names,
-            "reward_weights": [float(w) for w in trainer.reward_weights],
-            "seconds": seconds,
-            "lora": {f.name: getattr(config, f.name) for f in fields(config) if f.name != "training"},
-            "versions": {"trl": trl.__version__, "transformers": transformers.__version__, "peft": peft.__version__},
-        })
+    args = config.trainer_args(checkpoint_dir(target))
+    args.output_dir = str(checkpoint_dir(target))
+    if weights is not None:
+        args.reward_weights = weights
+    set_seed(args.seed)
+    tokenizer = AutoTokenizer.from_pretrained(source)
+    if isinstance(dataset[0]["prompt"], list) and not tokenizer.chat_template:
+        raise SpeakerTrainingError(f"the tokenizer of {base} has no chat template; conversational prompts need one")
+    with quiet_loading():
+        model = AutoModelForCausalLM.from_pretrained(source, dtype=torch.bfloat16 if args.bf16 else torch.float32)
+        trainer = GRPOTrainer(model, reward_funcs=functions, args=args, train_dataset=dataset,
+                              processing_class=tokenizer, peft_config=config.lora_config(),
+                              callbacks=list(callbacks))
+        result = train_resuming(trainer)
+    numbers = {"prompts": len(dataset), "steps": int(result.global_step),
+               **reward_windows(trainer.state.log_history)}
+    seconds = round(time.monotonic() - started, 3)
+    save_adapter(trainer.accelerator.unwrap_model(trainer.model), tokenizer, target, {
+        "method": "grpo",
+        "base": base_reference(source),
+        "role": persona,
+        "data": data,
+        "steps": numbers["steps"],
+        "reward_first": numbers["reward_first"],
+        "reward_last": numbers["reward_last"],
+        "reward_terms": trainer.reward_func_names,
+        "reward_weights": [float(w) for w in trainer.reward_weights],
+        "seconds": seconds,
+        "recipe": config.record(args),
+    })
     report = SpeakerReport(out=target, base=base, persona=persona, seconds=seconds, **numbers)
     logger.info("speaker adapter %s saved to %s (%d steps, reward %s -> %s, %.1f s)",
-                persona, target, report.steps, first, last, seconds)
+                persona, target, report.steps, report.reward_first, report.reward_last, seconds)
     return report
-
-
-def _check_out(out: Path, persona: str) -> Path:
-    if not persona or "/" in persona or persona.startswith("."):
-        raise SpeakerTrainingError(f"adapter name '{persona}' cannot be a folder name")
-    out.mkdir(parents=True, exist_ok=True)
-    target = out / persona
-    if target.exists() and not target.is_dir():
-        raise SpeakerTrainingError(f"{target} exists and is not a folder")
-    if target.is_dir() and any(target.iterdir()) and not (target / CARD_FILE).is_file():
-        raise SpeakerTrainingError(f"{target} holds something other than a speaker adapter; not replacing it")
-    return target
-
-
-def _save(model: Any, tokenizer: Any, out: Path, card: Mapping[str, Any]) -> None:
-    """Write into a fresh folder beside ``out``, then swap it in with renames."""
-    stage = Path(tempfile.mkdtemp(prefix=f".{out.name}.new-", dir=out.parent))
-    try:
-        with quiet_loading():
-            model.save_pretrained(stage)
-        tokenizer.save_pretrained(stage)
-        (stage / CARD_FILE).write_text(json.dumps(card, indent=2, default=str) + "\n", encoding="utf-8")
-        os.chmod(stage, 0o755)  # mkdtemp makes it private
-        if out.exists():
-            old = Path(tempfile.mkdtemp(prefix=f".{out.name}.old-", dir=out.parent))
-            os.replace(out, old / out.name)
-            os.replace(stage, out)
-            shutil.rmtree(old)
-        else:
-            os.replace(stage, out)
-    except BaseException:
-        shutil.rmtree(stage, ignore_errors=True)
-        raise
-

@@ -1,0 +1,116 @@
+"""Director GRPO: decision points, blocks played in the real graph, block rewards, real TRL steps."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from transformers import TrainerCallback
+
+from fakes import PromptChat, director_fake, speaker_fake
+from mascot.rosters import Roster
+from mascot.training.block_rollout import BlockRollout, decision_points
+from mascot.training.director_training import DirectorRewards, DirectorTrainingConfig, train_director
+from mascot.training.metrics import LexicalEmbedder
+
+
+class Logs(TrainerCallback):
+    """Every dict the trainer logs."""
+
+    def __init__(self) -> None:
+        self.entries: list[dict[str, Any]] = []
+
+    def on_log(self, args: Any, state: Any, control: Any, logs: dict | None = None, **kwargs: Any) -> None:
+        self.entries.append(dict(logs or {}))
+
+
+class BlockScorer:
+    """A group reward model stand-in: records what it scored, rewards longer blocks."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[list, list]] = []
+
+    def score_blocks(self, contexts: list, blocks: list) -> list[float]:
+        self.calls.append((contexts, blocks))
+        return [float(len(block)) for block in blocks]
+
+
+def persona_voice(persona: str) -> PromptChat:
+    return PromptChat(reply=lambda prompt: f"{persona} says something about it")
+
+
+def rollout_for(roster: Roster, block_turns: int = 2) -> BlockRollout:
+    return BlockRollout(roster, speakers={p: persona_voice(p) for p in roster.persona_ids},
+                        director=director_fake(roster.persona_ids), user=speaker_fake(), block_turns=block_turns)
+
+
+def test_decision_points_follow_the_graph(roster: Roster, episodes: list) -> None:
+    points = decision_points(episodes, roster, max_speakers_per_round=3)
+    assert points and len({p.context_id for p in points}) == len(points)
+    for point in points:
+        last = point.messages[-1]
+        assert last.type == "human" or last.name in roster.persona_ids
+        assert 0 <= point.round_turns < 3
+        assert point.prompt[0]["role"] == "system" and "Director" in point.prompt[0]["content"]
+    assert any(p.round_turns == 0 for p in points) and any(p.round_turns > 0 for p in points)
+    assert len(decision_points(episodes, roster, max_speakers_per_round=1)) < len(points)
+
+
+def test_blocks_are_played_in_the_graph(roster: Roster, episodes: list) -> None:
+    points = decision_points(episodes, roster)
+    mid = next(p for p in points if p.round_turns > 0)
+    rollout = rollout_for(roster, block_turns=2)
+    target = roster.persona_ids[2]
+    directions = [json.dumps({"speaker": target, "action": "challenge", "tone": "calm"}),
+                  json.dumps({"speaker": roster.personas[2].name, "action": "challenge"}),
+                  "I think the next speaker should be someone",
+                  json.dumps({"speaker": "nobody", "action": "x", "tone": "y"})]
+    blocks = rollout.run([points[0], mid, mid, points[0]], directions)
+    rollout.close()
+    assert [b.validity for b in blocks] == ["valid", "repaired", "replaced", "replaced"]
+    assert blocks[0].turns[0] == {"role": "assistant", "name": target, "content": f"{target} says something about it"}
+    assert blocks[1].turns[0]["name"] == target
+    assert all(len(b.turns) == 2 for b in blocks)
+    # a replaced direction still plays, with the graph's fallback speaker
+    assert blocks[2].turns[0]["name"] in roster.persona_ids and blocks[2].direction.fallback
+
+
+def test_block_rewards(roster: Roster, episodes: list) -> None:
+    points = decision_points(episodes, roster)
+    rollout, scorer = rollout_for(roster), BlockScorer()
+    rewards = DirectorRewards(points, rollout, group_rm=scorer, embedder=LexicalEmbedder())
+    good = json.dumps({"speaker": roster.persona_ids[1], "action": "ask", "tone": "warm"})
+    completions = [[{"role": "assistant", "content": text}] for text in (good, "not json at all")]
+    ids = [points[0].context_id] * 2
+    prompts = [list(points[0].prompt)] * 2
+    assert rewards.direction_validity(prompts, completions, context_id=ids) == [0.0, -1.0]
+    scores = rewards.group_reward_model(prompts, completions, context_id=ids)
+    balance = rewards.speaker_balance(prompts, completions, context_id=ids)
+    penalty = rewards.redundancy_penalty(prompts, completions, context_id=ids)
+    rollout.close()
+    assert len(scorer.calls) == 1  # blocks were played once and shared by every term
+    contexts, blocks = scorer.calls[0]
+    assert contexts[0] == points[0].chat() and blocks[0][0]["name"] == roster.persona_ids[1]
+    assert scores == [float(len(b)) for b in blocks]
+    assert all(0.0 <= b <= 1.0 for b in balance) and all(-1.0 <= p <= 0.0 for p in penalty)
+
+
+def test_director_grpo_steps(tiny_model: Path, roster: Roster, episodes: list, tmp_path: Path) -> None:
+    points = decision_points(episodes, roster)[:4]
+    rollout, scorer = rollout_for(roster, block_turns=1), BlockScorer()
+    config = DirectorTrainingConfig(lora_r=4, lora_alpha=8, block_turns=1, training={
+        "max_steps": 2, "num_generations": 2, "per_device_train_batch_size": 4, "max_completion_length": 12,
+        "learning_rate": 1e-2, "disable_tqdm": True})
+    logs = Logs()
+    report = train_director(points, base=str(tiny_model), out=tmp_path, rollout=rollout, group_rm=scorer,
+                            config=config, callbacks=[logs])
+    rollout.close()
+    assert report.steps == 2 and len(report.rewards) == 2
+    assert len(scorer.calls) == 2 and all(len(blocks) == 4 for _, blocks in scorer.calls)
+    card = json.loads((tmp_path / "director" / "adapter_card.json").read_text())
+    assert card["role"] == "director" and card["reward_terms"] == [
+        "group_reward_model", "redundancy_penalty", "speaker_balance", "direction_validity"]
+    # the tiny random model writes no JSON: every direction was replaced and penalised
+    validity = [e["rewards/direction_validity/mean"] for e in logs.entries if "rewards/direction_validity/mean" in e]
+    assert validity == [-1.0, -1.0] and card["reward_weights"][-1] == 1.0
