@@ -139,7 +139,8 @@ def add_recipe_flags(parser: argparse.ArgumentParser, ours: str, trainer: str) -
     parser.add_argument("--base", metavar="HF_ID_OR_PATH",
                         help=f"base model (default: the recipe's model_name_or_path, else {DEFAULT_MODEL})")
     parser.add_argument("--config", metavar="RECIPE.yaml",
-                        help=f"a flat YAML recipe of {ours}, trl.{trainer} and trl.ModelConfig (LoRA) fields; "
+                        help=f"a flat YAML recipe (or a shipped recipe's name) of {ours}, trl.{trainer} and "
+                             f"trl.ModelConfig (LoRA) fields; "
                              f"any of them can also be given as a flag, e.g. --learning_rate 1e-5")
     parser.set_defaults(trainer_flags=[])
 
@@ -151,10 +152,14 @@ def recipe_from_args(config_class: Any, args: argparse.Namespace) -> tuple[Any, 
     Raises:
         UsageError: on a recipe file that is missing or invalid, or a bad flag.
     """
-    if args.config and not Path(args.config).is_file():
-        raise UsageError(f"--config: no such file {args.config}")
+    from mascot.training.recipe import recipe_path
+
     try:
-        config, model = config_class.parse(args.config, args.trainer_flags)
+        recipe = recipe_path(args.config) if args.config else None
+    except FileNotFoundError as exc:
+        raise UsageError(f"--config: {exc}") from None
+    try:
+        config, model = config_class.parse(recipe, args.trainer_flags)
     except ValueError as exc:
         raise UsageError(f"{'--config ' + args.config if args.config else 'recipe flags'}: {exc}") from None
     return config, args.base or model or DEFAULT_MODEL

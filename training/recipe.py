@@ -15,6 +15,7 @@ overriding the file. ``LoraRecipe.parse`` does that; ``from_dict`` takes the Pyt
 from __future__ import annotations
 
 import json
+from importlib import resources
 from collections.abc import Mapping
 from collections.abc import Sequence
 from dataclasses import MISSING, dataclass, field, fields, make_dataclass
@@ -173,6 +174,25 @@ class LoraRecipe:
         if unknown:
             raise ValueError(f"unknown {cls.subject} setting(s) {', '.join(unknown)}; valid: {', '.join(valid)}")
         return cls(**recipe)
+
+
+def recipe_path(name: str | Path) -> Path:
+    """A recipe file: ``name`` itself when it exists, else a recipe shipped in
+    ``mascot/training/recipes`` (``"speakers-qwen3"`` or ``"speakers-qwen3.yaml"``).
+
+    Raises:
+        FileNotFoundError: if neither exists (the message lists the shipped recipes).
+    """
+    path = Path(name).expanduser()
+    if path.is_file():
+        return path
+    shipped = resources.files("mascot.training").joinpath("recipes")
+    stem = path.name.removesuffix(".yaml")
+    candidate = shipped.joinpath(f"{stem}.yaml")
+    if path.parent == Path(".") and candidate.is_file():
+        return Path(str(candidate))
+    names = sorted(p.name.removesuffix(".yaml") for p in shipped.iterdir() if p.name.endswith(".yaml"))
+    raise FileNotFoundError(f"no recipe file {name}; shipped recipes: {', '.join(names)}")
 
 
 def _refuse(message: str) -> None:

@@ -58,7 +58,7 @@ class SpeakerDPOConfig(LoraRecipe):
     trainer_config: ClassVar[type] = DPOConfig
     subject: ClassVar[str] = "speaker-dpo"
     trainer_defaults: ClassVar[dict[str, Any]] = {
-        "logging_steps": 1, "per_device_train_batch_size": 4, "num_train_epochs": 1, "max_length": 1024,
+        "logging_steps": 1, "per_device_train_batch_size": 4, "num_train_epochs": 1, "max_length": 2048,
         "save_strategy": "steps", "save_steps": 25, "save_total_limit": 1,
     }
 
@@ -110,8 +110,8 @@ def train_speaker_dpo(
         The report; its numbers are also in the adapter card.
 
     Raises:
-        SpeakerDPOError: on no pairs, a pair without the three columns, or no chat template
-            for conversational pairs.
+        SpeakerDPOError: on no pairs, a pair without the three columns, no chat template
+            for conversational pairs, or every prompt at ``max_length`` or longer.
         AdapterFolderError: on an unusable ``out``.
     """
     started = time.monotonic()
@@ -136,15 +136,24 @@ def train_speaker_dpo(
         model = AutoModelForCausalLM.from_pretrained(source, dtype=torch.bfloat16 if args.bf16 else torch.float32)
         trainer = DPOTrainer(model, args=args, train_dataset=dataset, processing_class=tokenizer,
                              peft_config=config.lora_config(), callbacks=list(callbacks))
+        used = len(trainer.train_dataset)  # TRL drops pairs whose prompt reaches max_length
+        if not used:
+            raise SpeakerDPOError(f"every prompt of '{persona}' reaches max_length={args.max_length} tokens; "
+                                  "raise max_length")
+        if used < len(dataset):
+            logger.warning("%d of %d pairs of %s have a prompt of max_length=%s tokens or more; not trained on",
+                           len(dataset) - used, len(dataset), persona, args.max_length)
         result = train_resuming(trainer)
     accuracies = [float(e["rewards/accuracies"]) for e in trainer.state.log_history if "rewards/accuracies" in e]
-    numbers = {"pairs": len(dataset), "steps": int(result.global_step), "train_loss": float(result.training_loss),
+    numbers = {"pairs": used, "steps": int(result.global_step), "train_loss": float(result.training_loss),
                "accuracy_last": accuracies[-1] if accuracies else None}
     seconds = round(time.monotonic() - started, 3)
-    save_adapter(trainer.accelerator.unwrap_model(trainer.model), tokenizer, target, {
-        "method": "dpo", "base": base_reference(source), "role": persona, "data": data, **numbers,
-        "seconds": seconds, "recipe": config.record(args),
-    })
+    if trainer.accelerator.is_main_process:  # one writer under accelerate launch
+        save_adapter(trainer.accelerator.unwrap_model(trainer.model), tokenizer, target, {
+            "method": "dpo", "base": base_reference(source), "role": persona, "data": data, **numbers,
+            "seconds": seconds, "recipe": config.record(args),
+        })
+    trainer.accelerator.wait_for_everyone()
     report = DPOReport(out=target, base=base, persona=persona, seconds=seconds, **numbers)
     logger.info("DPO adapter %s saved to %s (%d steps, loss %.3f, %.1f s)",
                 persona, target, report.steps, report.train_loss, seconds)

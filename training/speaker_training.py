@@ -214,19 +214,21 @@ def train_speaker(
     numbers = {"prompts": len(dataset), "steps": int(result.global_step),
                **reward_windows(trainer.state.log_history)}
     seconds = round(time.monotonic() - started, 3)
-    save_adapter(trainer.accelerator.unwrap_model(trainer.model), tokenizer, target, {
-        "method": "grpo",
-        "base": base_reference(source),
-        "role": persona,
-        "data": data,
-        "steps": numbers["steps"],
-        "reward_first": numbers["reward_first"],
-        "reward_last": numbers["reward_last"],
-        "reward_terms": trainer.reward_func_names,
-        "reward_weights": [float(w) for w in trainer.reward_weights],
-        "seconds": seconds,
-        "recipe": config.record(args),
-    })
+    if trainer.accelerator.is_main_process:  # one writer under accelerate launch
+        save_adapter(trainer.accelerator.unwrap_model(trainer.model), tokenizer, target, {
+            "method": "grpo",
+            "base": base_reference(source),
+            "role": persona,
+            "data": data,
+            "steps": numbers["steps"],
+            "reward_first": numbers["reward_first"],
+            "reward_last": numbers["reward_last"],
+            "reward_terms": trainer.reward_func_names,
+            "reward_weights": [float(w) for w in trainer.reward_weights],
+            "seconds": seconds,
+            "recipe": config.record(args),
+        })
+    trainer.accelerator.wait_for_everyone()
     report = SpeakerReport(out=target, base=base, persona=persona, seconds=seconds, **numbers)
     logger.info("speaker adapter %s saved to %s (%d steps, reward %s -> %s, %.1f s)",
                 persona, target, report.steps, report.reward_first, report.reward_last, seconds)

@@ -1,0 +1,235 @@
+"""The commands that train the policies: ``mascot train-speakers`` and ``mascot train-director``.
+
+Both read a recipe with TRL's parser (``--config`` plus TRL flags such as
+``--learning_rate 1e-5``), save one PEFT adapter per trained role under ``--out`` with an
+adapter card, and register it in a policy file, so ``mascot chat --policies FILE`` runs
+on the new adapters. Run again after an interruption, they skip the adapters already
+finished and resume the interrupted one from its last checkpoint.
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+from typing import Any
+
+from mascot.cli_options import UsageError, add_recipe_flags, err, mask_secrets_in_logs, out, recipe_from_args
+from mascot.policies import Policies
+from mascot.rosters import Roster, load_roster
+from mascot.training.adapter_registry import register_adapter
+from mascot.training.episode import read_episodes
+
+#: Policy file written under ``--out`` when ``--policy-file`` is not given.
+POLICY_FILE = "policies.yaml"
+#: Adapter name of one adapter shared by every persona.
+SHARED_ADAPTER = "speakers"
+
+
+def add_commands(commands: argparse._SubParsersAction) -> None:
+    """Add ``train-speakers`` and ``train-director`` to the command line."""
+    speakers = commands.add_parser(
+        "train-speakers", help="fit a LoRA adapter per persona: GRPO on a persona RM, or DPO on pairs")
+    speakers.add_argument("--roster", required=True, metavar="ID_OR_PATH")
+    speakers.add_argument("--method", choices=("grpo", "dpo"), default="grpo")
+    speakers.add_argument("--episodes", metavar="FILE", help="episodes whose persona turns are the prompts (grpo)")
+    speakers.add_argument("--rm", metavar="PERSONA_RM_DIR", help="persona reward model from train-rm (grpo)")
+    speakers.add_argument("--pairs", metavar="DIR_OR_FILE", help="preference pairs from mascot pairs (dpo)")
+    speakers.add_argument("--personas", metavar="A,B", help="persona ids to train (default: every persona)")
+    speakers.add_argument("--shared", action="store_true",
+                          help=f"one adapter '{SHARED_ADAPTER}' for every persona instead of one each")
+    _add_common(speakers, "SpeakerTrainingConfig (grpo) or SpeakerDPOConfig (dpo)", "GRPOConfig or DPOConfig")
+    speakers.set_defaults(run=_train_speakers)
+
+    director = commands.add_parser(
+        "train-director", help="fit the Director's LoRA adapter with GRPO on rolled-out blocks")
+    director.add_argument("--roster", required=True, metavar="ID_OR_PATH")
+    director.add_argument("--episodes", required=True, metavar="FILE",
+                          help="episodes whose Director decision points are the prompts")
+    director.add_argument("--group-rm", metavar="GROUP_RM_DIR", help="group reward model from train-rm")
+    director.add_argument("--speakers", required=True, metavar="POLICIES",
+                          help="policy file of the speakers (and the user simulator) that play the blocks")
+    director.add_argument("--block-turns", type=int, metavar="N", help="turns played per sampled direction")
+    _add_common(director, "DirectorTrainingConfig", "GRPOConfig")
+    director.set_defaults(run=_train_director)
+
+
+def _add_common(parser: argparse.ArgumentParser, ours: str, trainer: str) -> None:
+    parser.add_argument("--out", required=True, metavar="DIR", help="folder of the adapters")
+    parser.add_argument("--policy-file", metavar="FILE",
+                        help=f"policy file to register the adapters in (default OUT/{POLICY_FILE}; "
+                             "train-director: the --speakers file)")
+    parser.add_argument("--retrain", action="store_true", help="train again adapters that are already finished")
+    add_recipe_flags(parser, ours, trainer)
+
+
+def _train_speakers(args: argparse.Namespace) -> int:
+    from mascot.training.adapter_folder import AdapterFolderError, adapter_target, is_finished
+    from mascot.training.reward_model import RewardModel, RewardModelError
+    from mascot.training.speaker_dpo import SpeakerDPOConfig, SpeakerDPOError, train_speaker_dpo
+    from mascot.training.speaker_training import (
+        SpeakerTrainingConfig,
+        SpeakerTrainingError,
+        speaker_prompts,
+        train_speaker,
+    )
+
+    roster = load_roster(args.roster)
+    config, base = recipe_from_args(SpeakerDPOConfig if args.method == "dpo" else SpeakerTrainingConfig, args)
+    personas = _personas(args.personas.split(",") if args.personas else config.personas, roster)
+    shared = args.shared or not config.per_persona
+    policy_file = Path(args.policy_file or Path(args.out) / POLICY_FILE)
+    if args.method == "dpo":
+        rows = _pairs(args.pairs)
+        source, reward_model = str(args.pairs), None
+    else:
+        if not args.episodes:
+            raise UsageError("--method grpo needs --episodes FILE (the persona turns are its prompts)")
+        episodes = _episodes(args.episodes, roster)
+        source, reward_model = args.episodes, None
+        if config.rm_weight:
+            if not args.rm:
+                raise UsageError("GRPO needs a persona reward model: --rm DIR (or rm_weight: 0 in the recipe)")
+            try:
+                reward_model = RewardModel.load(args.rm).reward_function()
+            except RewardModelError as exc:
+                raise UsageError(f"--rm: {exc}") from None
+    jobs = [(SHARED_ADAPTER, None)] if shared else [(p, p) for p in personas]
+    for name, persona in jobs:
+        try:
+            target = adapter_target(args.out, name)
+            if is_finished(target) and not args.retrain:
+                err.print(f"{name}: already trained in {target} (--retrain to train again)", markup=False)
+            elif args.method == "dpo":
+                mine = [r for r in rows if (r.get("persona") in personas if persona is None else r.get("persona") == persona)]
+                if not mine:
+                    raise UsageError(f"--pairs: no pairs of persona '{name}' in {args.pairs}")
+                err.print(f"{name}: DPO on {len(mine)} pairs from {base}", markup=False)
+                report = train_speaker_dpo(mine, base=base, persona=name, out=args.out, config=config, data=source)
+                out.print(f"train-speakers: {name} -> {report.out} (dpo, {report.steps} steps, "
+                          f"loss {report.train_loss:.3f}, {report.seconds:.0f} s)", markup=False)
+            else:
+                dataset = speaker_prompts(episodes, roster, persona)
+                if persona is None:
+                    dataset = dataset.filter(lambda row: row["persona"] in personas)
+                terms = config.reward_terms(roster, persona, reward_model=reward_model)
+                err.print(f"{name}: GRPO on {len(dataset)} prompts from {base}", markup=False)
+                report = train_speaker(dataset, base=base, persona=name, out=args.out, reward_funcs=terms,
+                                       config=config, data=source)
+                out.print(f"train-speakers: {name} -> {report.out} (grpo, {report.steps} steps, reward "
+                          f"{_number(report.reward_first)} -> {_number(report.reward_last)}, "
+                          f"{report.seconds:.0f} s)", markup=False)
+        except (AdapterFolderError, SpeakerTrainingError, SpeakerDPOError, ValueError) as exc:
+            raise UsageError(f"{name}: {exc}") from None
+        if _main_process():
+            for role in personas if persona is None else [persona]:
+                register_adapter(policy_file, role, base=base, adapter=target, roster=roster)
+    out.print(f"train-speakers: policy file {policy_file} (mascot chat --roster {roster.id} "
+              f"--policies {policy_file})", markup=False)
+    return 0
+
+
+def _train_director(args: argparse.Namespace) -> int:
+    from mascot.training.adapter_folder import AdapterFolderError, adapter_target, is_finished
+    from mascot.training.block_rollout import BlockRollout, decision_points
+    from mascot.training.director_training import DirectorTrainingConfig, train_director
+    from mascot.training.reward_model import RewardModel, RewardModelError
+
+    roster = load_roster(args.roster)
+    config, base = recipe_from_args(DirectorTrainingConfig, args)
+    if args.block_turns is not None:
+        if args.block_turns < 1:
+            raise UsageError(f"--block-turns must be at least 1, got {args.block_turns}")
+        config.block_turns = args.block_turns
+    if not Path(args.speakers).is_file():
+        raise UsageError(f"--speakers: no such file {args.speakers}")
+    policy_file = Path(args.policy_file or args.speakers)
+    points = decision_points(_episodes(args.episodes, roster), roster,
+                             max_speakers_per_round=config.max_speakers_per_round,
+                             min_speakers_per_round=config.min_speakers_per_round)
+    if not points:
+        raise UsageError(f"--episodes: no Director decision points in {args.episodes}")
+    group_rm = None
+    if config.group_rm_weight:
+        if not args.group_rm:
+            raise UsageError("Director GRPO needs a group reward model: --group-rm DIR (or group_rm_weight: 0)")
+        try:
+            group_rm = RewardModel.load(args.group_rm)
+        except RewardModelError as exc:
+            raise UsageError(f"--group-rm: {exc}") from None
+    policies = Policies.from_file(args.speakers, roster)
+    mask_secrets_in_logs(policies)
+    try:
+        target = adapter_target(args.out, "director")
+    except AdapterFolderError as exc:
+        raise UsageError(str(exc)) from None
+    if is_finished(target) and not args.retrain:
+        err.print(f"director: already trained in {target} (--retrain to train again)", markup=False)
+    else:
+        rollout = BlockRollout(roster, speakers=policies.speakers(), director=policies.chat_model("director"),
+                               user=policies.chat_model("user"), block_turns=config.block_turns,
+                               max_speakers_per_round=config.max_speakers_per_round,
+                               min_speakers_per_round=config.min_speakers_per_round,
+                               concurrency=config.rollout_concurrency)
+        err.print(f"director: GRPO on {len(points)} decision points from {base}, "
+                  f"{config.block_turns} turns per block", markup=False)
+        try:
+            report = train_director(points, base=base, out=args.out, rollout=rollout, group_rm=group_rm,
+                                    config=config, data=args.episodes)
+        except (AdapterFolderError, ValueError) as exc:
+            raise UsageError(f"director: {exc}") from None
+        finally:
+            rollout.close()
+        out.print(f"train-director: director -> {report.out} ({report.steps} steps, reward "
+                  f"{_number(report.reward_first)} -> {_number(report.reward_last)}, {report.seconds:.0f} s)",
+                  markup=False)
+    if _main_process():
+        register_adapter(policy_file, "director", base=base, adapter=target, roster=roster)
+    out.print(f"train-director: policy file {policy_file} (mascot chat --roster {roster.id} "
+              f"--policies {policy_file})", markup=False)
+    return 0
+
+
+def _personas(ids: list[str], roster: Roster) -> list[str]:
+    unknown = [i for i in ids if i not in roster.persona_ids]
+    if unknown:
+        raise UsageError(f"--personas: unknown persona(s) {', '.join(unknown)}; valid: {', '.join(roster.persona_ids)}")
+    return list(ids) or list(roster.persona_ids)
+
+
+def _episodes(path: str, roster: Roster | None = None) -> list[Any]:
+    if not Path(path).is_file():
+        raise UsageError(f"--episodes: no such file {path}")
+    episodes = read_episodes(path)
+    if not episodes:
+        raise UsageError(f"--episodes: no episodes in {path}")
+    others = sorted({e.roster for e in episodes} - {roster.id}) if roster else []
+    if others:
+        raise UsageError(f"--episodes: episodes of roster(s) {', '.join(others)}, not '{roster.id}'")
+    return episodes
+
+
+def _pairs(where: str | None) -> list[dict[str, Any]]:
+    from mascot.training.pairs import read_pairs
+
+    if not where:
+        raise UsageError("--method dpo needs --pairs DIR (from mascot pairs) or a pairs JSONL file")
+    path = Path(where)
+    path = path / "train.jsonl" if path.is_dir() else path
+    if not path.is_file():
+        raise UsageError(f"--pairs: no such file {path}")
+    rows = read_pairs(path)
+    if not rows:
+        raise UsageError(f"--pairs: no pairs in {path}")
+    return rows
+
+
+def _main_process() -> bool:
+    """Whether this is the process that writes files (the only one, or rank 0 under
+    ``accelerate launch``)."""
+    from accelerate import PartialState
+
+    return PartialState().is_main_process
+
+
+def _number(value: float | None) -> str:
+    return "-" if value is None else f"{value:.3f}"
