@@ -3,6 +3,7 @@ and DPO), train-director, the policy file they write, and mascot chat on it."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import subprocess
@@ -13,10 +14,13 @@ import pytest
 import yaml
 
 from mascot.cli import main
-from mascot.rosters import load_roster
+from mascot.graphs import create_director_graph
+from mascot.policies import Policies
+from mascot.rosters import load_roster, load_scenarios
 from mascot.training.candidates import Candidate, candidate_contexts
-from mascot.training.episode import read_episodes
+from mascot.training.episode import TurnPolicy, read_episodes
 from mascot.training.pairs import JudgedCandidate, build_pairs, write_pairs
+from mascot.training.rollout import collect_episodes
 
 MASCOT = str(Path(sys.executable).parent / "mascot")
 ROSTER = ["--roster", "emotional_support"]
@@ -84,6 +88,19 @@ def test_train_speakers_director_and_chat(tiny_model: Path, workspace: Path) -> 
     episode = json.loads(chat.stdout)
     assert [m["role"] for m in episode["messages"]][:2] == ["user", "assistant"]
     assert "director" in episode["policies"]["director"]
+
+    # the same file drives the graph in code, and every turn records the adapter version
+    roster = load_roster("emotional_support")
+    policies = Policies.from_file(policy_file, roster)
+    graph = create_director_graph(roster, director=policies.chat_model("director"), speakers=policies.speakers(),
+                                  user=policies.chat_model("user"), max_rounds=1)
+    roles_ = ("director", "user", *roster.persona_ids)
+    asyncio.run(collect_episodes(graph, load_scenarios(roster.id)[:1], roster.user_profiles[:1], roster=roster.id,
+                                 out=workspace / "trained.jsonl",
+                                 policies={r: TurnPolicy(**policies.record(r)) for r in roles_}))
+    turns = [m for m in read_episodes(workspace / "trained.jsonl")[0].messages if m.name in roles]
+    assert turns and all(m.policy.adapter == m.name and m.policy.adapter_version == roles[m.name]["version"]
+                         for m in turns)
 
     again = mascot("train-speakers", *ROSTER, "--base", str(tiny_model), "--episodes",
                    str(workspace / "episodes.jsonl"), "--rm", str(workspace / "rm"), "--personas", "anchor",

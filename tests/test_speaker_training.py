@@ -212,3 +212,42 @@ def test_config_from_dict_rejects_unknown_keys(roster: Roster) -> None:
     assert (args.beta, args.save_strategy, args.save_steps, args.report_to) == (0.0, "steps", 25, [])
     with pytest.raises(ValueError, match="rm_weight"):
         SpeakerTrainingConfig().reward_terms(roster, "anchor")
+
+
+class Interrupt(TrainerCallback):
+    """Stops the process-like run right after the checkpoint of step ``at`` is saved."""
+
+    def __init__(self, at: int) -> None:
+        self.at = at
+
+    def on_save(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        if state.global_step == self.at:
+            raise KeyboardInterrupt
+
+
+class StepCounter(TrainerCallback):
+    def __init__(self) -> None:
+        self.steps: list[int] = []
+
+    def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        self.steps.append(state.global_step)
+
+
+def test_interrupted_training_resumes_from_its_checkpoint(tiny_model: Path, roster: Roster, episodes: list,
+                                                          tmp_path: Path) -> None:
+    from mascot.training.adapter_folder import checkpoint_dir, is_finished
+
+    persona = roster.persona_ids[0]
+    config = {**SHORT, "training": {**SHORT["training"], "max_steps": 4, "save_strategy": "steps", "save_steps": 1}}
+    run = dict(base=str(tiny_model), persona=persona, out=tmp_path, reward_funcs={"toy": (even_tokens, 1.0)},
+               config=config)
+    dataset = speaker_prompts(episodes, roster, persona)
+    with pytest.raises(KeyboardInterrupt):
+        train_speaker(dataset, **run, callbacks=[Interrupt(at=2)])
+    target = tmp_path / persona
+    assert (checkpoint_dir(target) / "checkpoint-2").is_dir() and not target.exists() and not is_finished(target)
+    counter = StepCounter()
+    report = train_speaker(dataset, **run, callbacks=[counter])
+    assert counter.steps == [3, 4]  # only the steps after the checkpoint ran
+    assert report.steps == 4 and len(report.rewards) == 4  # the log history came back with it
+    assert is_finished(target) and not checkpoint_dir(target).exists()
