@@ -251,3 +251,15 @@ def test_interrupted_training_resumes_from_its_checkpoint(tiny_model: Path, rost
     assert counter.steps == [3, 4]  # only the steps after the checkpoint ran
     assert report.steps == 4 and len(report.rewards) == 4  # the log history came back with it
     assert is_finished(target) and not checkpoint_dir(target).exists()
+
+
+def test_round_redundancy_penalises_echoing_the_round(roster: Roster, episodes: list) -> None:
+    from mascot.training.speaker_training import round_redundancy_reward
+
+    dataset = speaker_prompts(episodes, roster, None)
+    row = next(r for r in dataset if r["round_turns"])
+    echo, fresh = row["round_turns"][-1], "Completely unrelated words about gardening tomatoes"
+    rewards = round_redundancy_reward([row["prompt"]] * 2, [echo, fresh], round_turns=[row["round_turns"]] * 2)
+    assert rewards[0] == pytest.approx(-1.0) and rewards[1] > -0.5
+    first = next(r for r in dataset if not r["round_turns"])
+    assert round_redundancy_reward([first["prompt"]], [echo], round_turns=[[]]) == [0.0]

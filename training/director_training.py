@@ -33,7 +33,7 @@ from trl import GRPOConfig
 
 from mascot.rosters import Roster
 from mascot.training.block_rollout import Block, BlockRollout, DecisionPoint
-from mascot.training.metrics import Embedder, default_embedder, redundancy, speaker_balance
+from mascot.training.metrics import Embedder, default_embedder, redundancy, round_persona_turns, speaker_balance
 from mascot.training.recipe import LoraRecipe
 from mascot.training.rewards import RewardFunction
 from mascot.training.speaker_training import SpeakerReport, train_speaker
@@ -168,7 +168,7 @@ class DirectorRewards:
         rewards: list[float | None] = []
         for block in self.blocks(completions, context_id):
             values: list[float] = []
-            earlier = _round_persona_turns(block.point.chat(), self.roster)
+            earlier = round_persona_turns(block.point.chat(), self.roster.persona_ids)
             for turn in block.turns:
                 if turn["role"] == "user":
                     earlier = []
@@ -190,16 +190,6 @@ class DirectorRewards:
         """0 valid, -0.5 repaired, -1 replaced (see ``VALIDITY_REWARD``)."""
         return [VALIDITY_REWARD[b.validity] for b in self.blocks(completions, context_id)]
 
-
-def _round_persona_turns(chat: Sequence[Mapping[str, Any]], roster: Roster) -> list[str]:
-    """The persona turns after the person's last message."""
-    turns: list[str] = []
-    for message in chat:
-        if message["role"] == "user":
-            turns = []
-        elif message.get("name") in roster.persona_ids:
-            turns.append(message["content"])
-    return turns
 
 
 def train_director(

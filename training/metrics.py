@@ -19,7 +19,7 @@ import re
 import time
 import zlib
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -169,6 +169,17 @@ def round_redundancy(episode: Episode, *, embedder: Embedder | None = None) -> l
     turns = _persona_turns(episode)
     vectors = (embedder or default_embedder()).encode([text for _, _, text in turns])
     return _round_redundancy([r for r, _, _ in turns], vectors)
+
+
+def round_persona_turns(messages: Sequence[Mapping[str, Any]], persona_ids: Sequence[str]) -> list[str]:
+    """The persona turns after the person's last message (OpenAI messages with ``name``)."""
+    turns: list[str] = []
+    for message in messages:
+        if message["role"] == "user":
+            turns = []
+        elif message.get("name") in persona_ids:
+            turns.append(message["content"])
+    return turns
 
 
 def distinct_n(texts: Sequence[str], n: int) -> float:

@@ -33,7 +33,7 @@ from mascot.training.adapter_folder import (
 )
 from mascot.training.candidates import candidate_contexts
 from mascot.training.episode import Episode
-from mascot.training.metrics import redundancy_penalty_reward
+from mascot.training.metrics import default_embedder, redundancy, round_persona_turns
 from mascot.training.recipe import LoraRecipe
 from mascot.training.rewards import RewardFunction, roster_format_reward, weighted_rewards
 
@@ -57,7 +57,7 @@ class SpeakerTrainingConfig(LoraRecipe):
         lora_target_modules: Module names to adapt, or ``"all-linear"``.
         rm_weight: Weight of the persona reward model term.
         format_weight: Weight of ``format_reward``.
-        redundancy_weight: Weight of ``redundancy_penalty_reward`` (0 = not computed).
+        redundancy_weight: Weight of ``round_redundancy_reward`` (0 = not computed).
         training: A ``trl.GRPOConfig`` used as is, or a mapping of its fields laid over
             CPU-safe defaults (see ``trainer_args``), or ``None`` for the defaults.
     """
@@ -97,7 +97,7 @@ class SpeakerTrainingConfig(LoraRecipe):
         return {
             "reward_model": (reward_model, self.rm_weight),
             "format_reward": (roster_format_reward(roster, persona), self.format_weight),
-            "redundancy_penalty": (redundancy_penalty_reward, self.redundancy_weight),
+            "redundancy_penalty": (round_redundancy_reward, self.redundancy_weight),
         }
 
 
@@ -118,6 +118,17 @@ class SpeakerReport:
     seconds: float
 
 
+def round_redundancy_reward(prompts: Sequence[Any], completions: Sequence[Any], *, round_turns: Sequence[list[str]],
+                            **kwargs: Any) -> list[float | None]:
+    """TRL reward, the anti-sycophancy term: minus the reply's highest similarity to the
+    other voices' turns earlier in its round (``round_turns``, a column of
+    ``speaker_prompts``); 0.0 for the round's first voice. Range [-1, 0] in practice."""
+    embedder = default_embedder()
+    texts = [c if isinstance(c, str) else "\n".join(m["content"] for m in c) for c in completions]
+    return [redundancy([*earlier, text], embedder=embedder)[-1] * -1.0 if earlier else 0.0
+            for text, earlier in zip(texts, round_turns, strict=True)]
+
+
 def speaker_prompts(episodes: Sequence[Episode], roster: Roster, persona: str | None) -> Dataset:
     """The GRPO prompts of a persona: its turns in ``episodes``, as the speaker node saw them.
 
@@ -128,7 +139,8 @@ def speaker_prompts(episodes: Sequence[Episode], roster: Roster, persona: str | 
 
     Returns:
         A dataset with a conversational ``prompt`` column (OpenAI ``role``/``content``
-        dicts) and ``persona`` and ``context_id`` columns (TRL passes them to rewards).
+        dicts) and ``persona``, ``context_id`` and ``round_turns`` (the persona turns
+        earlier in the round) columns, which TRL passes to the reward functions.
 
     Raises:
         KeyError: on a persona not in the roster (the message lists the ids).
@@ -137,7 +149,8 @@ def speaker_prompts(episodes: Sequence[Episode], roster: Roster, persona: str | 
     if persona is not None:
         roster.persona(persona)
     rows = [
-        {"prompt": to_chat(c.prompt), "persona": c.persona, "context_id": c.context_id}
+        {"prompt": to_chat(c.prompt), "persona": c.persona, "context_id": c.context_id,
+         "round_turns": round_persona_turns(c.context, roster.persona_ids)}
         for c in candidate_contexts(episodes, roster)
         if persona is None or c.persona == persona
     ]
