@@ -263,3 +263,31 @@ def test_round_redundancy_penalises_echoing_the_round(roster: Roster, episodes: 
     assert rewards[0] == pytest.approx(-1.0) and rewards[1] > -0.5
     first = next(r for r in dataset if not r["round_turns"])
     assert round_redundancy_reward([first["prompt"]], [echo], round_turns=[[]]) == [0.0]
+
+
+def test_dpo_on_pairs_moves_only_the_adapter(tiny_model: Path, roster: Roster, episodes: list,
+                                             tmp_path: Path) -> None:
+    from mascot.training.speaker_dpo import SpeakerDPOError, train_speaker_dpo
+
+    persona = roster.persona_ids[0]
+    prompts = speaker_prompts(episodes, roster, persona)["prompt"]
+    pairs = [{"prompt": p, "chosen": [{"role": "assistant", "content": "What would help most tonight?"}],
+              "rejected": [{"role": "assistant", "content": "Anchor: fine.\nUser: ok"}], "persona": persona}
+             for p in prompts]
+    snapshots = Snapshots()
+    config = {"lora_r": 4, "lora_alpha": 8, "training": {"max_steps": 3, "learning_rate": 1e-2,
+                                                        "per_device_train_batch_size": 2, "disable_tqdm": True}}
+    report = train_speaker_dpo(pairs, base=str(tiny_model), persona=persona, out=tmp_path, config=config,
+                               callbacks=[snapshots], data="pairs.jsonl")
+    assert report.steps == 3 and report.pairs == len(pairs) and report.accuracy_last is not None
+    lora = [n for n in snapshots.before if "lora_" in n]
+    assert lora and all(not torch.equal(snapshots.before[n], snapshots.after[n]) for n in lora if "lora_B" in n)
+    assert all(torch.equal(snapshots.before[n], snapshots.after[n]) for n in snapshots.before if n not in lora)
+    card = json.loads((tmp_path / persona / "adapter_card.json").read_text())
+    assert (card["method"], card["role"], card["data"], card["steps"]) == ("dpo", persona, "pairs.jsonl", 3)
+    assert (tmp_path / persona / "adapter_model.safetensors").is_file()
+    with pytest.raises(SpeakerDPOError, match="no preference pairs"):
+        train_speaker_dpo([], base=str(tiny_model), persona=persona, out=tmp_path)
+    with pytest.raises(SpeakerDPOError, match="reaches max_length=8"):
+        train_speaker_dpo(pairs, base=str(tiny_model), persona=persona, out=tmp_path,
+                          config={"training": {"max_length": 8, "max_steps": 1}})
