@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import threading
+from contextlib import aclosing
 from collections.abc import Coroutine, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -211,12 +212,14 @@ class BlockRollout:
             await graph.aupdate_state(config, state, as_node=point.messages[-1].name)
             start = None
         turns: list[BaseMessage] = []
-        async for update in graph.astream(start, config, stream_mode="updates"):
-            for node, values in update.items():
-                if node != "director" and values and values.get("messages"):
-                    turns.extend(values["messages"])
-            if len(turns) >= self.block_turns:
-                break
+        # aclosing: leaving the stream early must close the graph run here, not at GC
+        async with aclosing(graph.astream(start, config, stream_mode="updates")) as updates:
+            async for update in updates:
+                for node, values in update.items():
+                    if node != "director" and values and values.get("messages"):
+                        turns.extend(values["messages"])
+                if len(turns) >= self.block_turns:
+                    break
         rows = [{k: v for k, v in m.items() if k in ("role", "content", "name")}
                 for m in openai_messages(turns[: self.block_turns])]
         return Block(point=point, direction=direction, validity=validity, turns=rows)
