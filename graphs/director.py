@@ -10,6 +10,7 @@ from langchain_core.messages import AIMessage, BaseMessage, HumanMessage
 from langchain_core.runnables import Runnable, RunnableLambda
 from langgraph.graph import START, StateGraph
 from langgraph.types import Command, RetryPolicy
+from openai import LengthFinishReasonError
 
 from mascot.graphs.direction import DIRECTION_SCHEMA, StageDirection, interpret_direction
 from mascot.graphs.prompts import director_messages
@@ -96,12 +97,20 @@ def create_director_graph(
     def direct(state: DirectorState) -> Command:
         if state.get("round_turns", 0) >= max_speakers_per_round:
             return _route(state, _hand_back())
-        return decide(state, model.invoke(prompt(state)))
+        try:
+            output = model.invoke(prompt(state))
+        except LengthFinishReasonError as exc:  # structured output cut at max_tokens
+            output = _cut_reply(exc)
+        return decide(state, output)
 
     async def adirect(state: DirectorState) -> Command:
         if state.get("round_turns", 0) >= max_speakers_per_round:
             return _route(state, _hand_back())
-        return decide(state, await model.ainvoke(prompt(state)))
+        try:
+            output = await model.ainvoke(prompt(state))
+        except LengthFinishReasonError as exc:
+            output = _cut_reply(exc)
+        return decide(state, output)
 
     node = RunnableLambda(direct, afunc=adirect, name=DIRECTOR_NODE)
     return assemble_graph(
@@ -206,6 +215,12 @@ def _hand_back() -> StageDirection:
         tone="natural",
         rationale="turn limit of the round reached",
     )
+
+
+def _cut_reply(error: LengthFinishReasonError) -> AIMessage:
+    """The truncated reply of a structured-output call, to be interpreted (or replaced by
+    the fallback, with the reason recorded) like any other malformed direction."""
+    return AIMessage(error.completion.choices[0].message.content or "")
 
 
 def _model_text(output: Any) -> str | dict[str, Any]:

@@ -30,6 +30,7 @@ from mascot.cli_options import (
     positive,
 )
 from mascot.cli_policy_training import add_commands as add_policy_training_commands
+from mascot.cli_serve import add_commands as add_serve_commands
 from mascot.cli_training import add_commands as add_training_commands
 from mascot.graphs import (
     BASELINES,
@@ -133,6 +134,7 @@ def _parser() -> argparse.ArgumentParser:
     add_episode_commands(commands)
     add_training_commands(commands)
     add_policy_training_commands(commands)
+    add_serve_commands(commands)
 
     tiny = commands.add_parser("tiny-model", help="build a tiny random-weight model offline")
     tiny.add_argument("--out", required=True, metavar="DIR")

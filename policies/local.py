@@ -128,6 +128,49 @@ class LocalBackend:
         versions = {name: (adapter_versions or {}).get(name) for name in adapters or {}}
         return cls(base, tokenizer, name=model, adapter_versions=versions)
 
+    def load_adapter(self, name: str, path: str | Path, *, version: str | None = None) -> None:
+        """Load (or replace) the PEFT adapter ``name`` from ``path`` while serving.
+
+        Waits for the generation in progress; a replaced adapter is swapped under the lock.
+
+        Raises:
+            LocalModelError: if ``path`` holds no PEFT adapter or it does not fit the base.
+        """
+        if not Path(path, "adapter_config.json").is_file():
+            raise LocalModelError(f"adapter '{name}': no PEFT adapter at {path} (adapter_config.json missing)")
+        from peft import PeftModel
+
+        with self._lock, quiet_loading():
+            try:
+                if not isinstance(self.model, PeftModel):
+                    self.model = PeftModel.from_pretrained(self.model, str(path), adapter_name=name)
+                else:
+                    if name in self.adapter_versions:
+                        self.model.delete_adapter(name)
+                    self.model.load_adapter(str(path), adapter_name=name)
+            except (ValueError, KeyError, RuntimeError, OSError) as exc:
+                self.adapter_versions.pop(name, None)
+                raise LocalModelError(f"adapter '{name}' at {path} does not load: {str(exc).splitlines()[0]}") from None
+            self.model.eval()
+            self.adapter_versions[name] = version
+        logger.info("adapter %s loaded from %s", name, path)
+
+    def unload_adapter(self, name: str) -> None:
+        """Remove the adapter ``name``; waits for the generation in progress.
+
+        Raises:
+            ValueError: if no adapter of that name is loaded.
+        """
+        with self._lock:
+            if name not in self.adapter_versions:
+                raise ValueError(f"unknown adapter {name}; loaded: {', '.join(self.adapters) or 'none'}")
+            if len(self.adapter_versions) == 1:
+                self.model = self.model.unload()  # the base without LoRA layers
+            else:
+                self.model.delete_adapter(name)
+            del self.adapter_versions[name]
+        logger.info("adapter %s unloaded", name)
+
     @property
     def adapters(self) -> list[str]:
         """Names of the loaded adapters."""

@@ -73,12 +73,13 @@ class PolicyFile(BaseModel):
     roles: dict[str, dict[str, object]] = Field(default_factory=dict)
 
 
-def load_policy_specs(path: str | Path, roster: Roster) -> dict[str, PolicySpec]:
+def load_policy_specs(path: str | Path, roster: Roster | None) -> dict[str, PolicySpec]:
     """Read a policy file and validate every role against the roster.
 
     Args:
         path: The YAML policy file.
-        roster: The roster whose persona ids are valid roles (besides ``FIXED_ROLES``).
+        roster: The roster whose persona ids are valid roles (besides ``FIXED_ROLES``);
+            ``None`` accepts any role name (a server serves whatever the file names).
 
     Returns:
         Role -> spec, with ``defaults`` applied and adapter paths made absolute. Roles
@@ -101,10 +102,10 @@ def load_policy_specs(path: str | Path, roster: Roster) -> dict[str, PolicySpec]
         policy_file = PolicyFile.model_validate(data)
     except ValidationError as exc:
         raise PolicyError(f"{path}: {_first_error(exc)}") from None
-    valid = (*FIXED_ROLES, *roster.persona_ids)
+    valid = (*FIXED_ROLES, *(roster.persona_ids if roster else ()))
     specs: dict[str, PolicySpec] = {}
     for role, entry in policy_file.roles.items():
-        if role not in valid:
+        if roster is not None and role not in valid:
             raise PolicyError(
                 f"{path}: unknown role '{role}' for roster '{roster.id}'; valid: {', '.join(valid)}"
             )

@@ -1,0 +1,145 @@
+"""``mascot serve``: the policies over HTTP, OpenAI-compatible: the local engine or vLLM."""
+
+from __future__ import annotations
+
+import argparse
+import ipaddress
+import os
+import shlex
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import yaml
+
+from mascot.cli_options import UsageError, err, out, positive
+from mascot.policies.serving import ServedPolicies, client_policies, reload_adapters, vllm_command
+
+#: Seconds to wait for a started vLLM server to answer /health.
+VLLM_START_TIMEOUT = 900
+
+
+def add_commands(commands: argparse._SubParsersAction) -> None:
+    """Add ``serve`` to the command line."""
+    serve = commands.add_parser("serve", help="serve a policy file's base model and adapters, OpenAI-compatible")
+    serve.add_argument("--policies", required=True, metavar="FILE", help="policy file whose local roles to serve")
+    serve.add_argument("--engine", choices=("local", "vllm"), default="local",
+                       help="local: in-process transformers (CPU or GPU); vllm: run `vllm serve` (GPU)")
+    serve.add_argument("--host", default="127.0.0.1", help="interface to bind (default 127.0.0.1)")
+    serve.add_argument("--port", type=positive, default=8000)
+    serve.add_argument("--api-key-env", metavar="NAME",
+                       help="environment variable with the API key every request must send")
+    serve.add_argument("--allow-runtime-lora", action="store_true",
+                       help="enable /v1/load_lora_adapter and /v1/unload_lora_adapter (for --reload)")
+    serve.add_argument("--adapters-dir", metavar="DIR",
+                       help="the only folder runtime-loaded adapters may come from (default: the policy file's)")
+    serve.add_argument("--served-model-name", metavar="NAME", help="the base model's name in requests")
+    serve.add_argument("--max-tokens-cap", type=positive, default=1024, metavar="N",
+                       help="largest max_tokens a request gets (local engine; default 1024)")
+    serve.add_argument("--client-policies", metavar="FILE",
+                       help="write a policy file that points every served role at this server")
+    serve.add_argument("--dry-run", action="store_true", help="vllm: print the command and exit")
+    serve.add_argument("--reload", action="store_true",
+                       help="load the policy file's adapters into the server running at --url, and exit")
+    serve.add_argument("--url", metavar="URL", help="with --reload: the running server's .../v1 URL")
+    serve.set_defaults(run=_serve)
+
+
+def _serve(args: argparse.Namespace) -> int:
+    served = ServedPolicies.from_file(args.policies)
+    api_key = _api_key(args.api_key_env)
+    if args.reload:
+        if not args.url:
+            raise UsageError("--reload needs --url (the running server, e.g. http://127.0.0.1:8000/v1)")
+        names = reload_adapters(args.url, served, api_key=api_key)
+        _write_client_policies(args, served, args.url)
+        out.print(f"serve: reloaded {', '.join(names) or 'no adapters'} into {args.url}", markup=False)
+        return 0
+    url = f"http://{args.host}:{args.port}/v1"
+    if not api_key and not _loopback(args.host):
+        err.print(f"warning: serving on {args.host} without an API key (--api-key-env)", markup=False)
+    if args.engine == "vllm":
+        return _vllm(args, served, url)
+    if args.dry_run:
+        raise UsageError("--dry-run prints the vllm command; use it with --engine vllm")
+    import uvicorn
+
+    from mascot.policies.local import LocalBackend
+    from mascot.policies.local_server import ServerLimits, create_app
+
+    backend = LocalBackend.load(served.base, adapters={a.name: a.path for a in served.adapters.values()},
+                                adapter_versions={a.name: a.version for a in served.adapters.values()})
+    adapters_dir = Path(args.adapters_dir or Path(args.policies).parent)
+    if not adapters_dir.is_dir():
+        raise UsageError(f"--adapters-dir: no such folder {adapters_dir}")
+    app = create_app(backend, served_name=args.served_model_name or served.base, api_key=api_key,
+                     adapters_dir=adapters_dir, allow_runtime_lora=args.allow_runtime_lora,
+                     limits=ServerLimits(max_tokens=args.max_tokens_cap))
+    _write_client_policies(args, served, url, base_name=args.served_model_name)
+    out.print(f"serve: {served.base} + {', '.join(served.adapters) or 'no adapters'} at {url}", markup=False)
+    uvicorn.run(app, host=args.host, port=args.port, log_level="warning")
+    return 0
+
+
+def _vllm(args: argparse.Namespace, served: ServedPolicies, url: str) -> int:
+    extra = ["--served-model-name", args.served_model_name] if args.served_model_name else []
+    argv, env = vllm_command(served, host=args.host, port=args.port, api_key_env=args.api_key_env,
+                             allow_runtime_lora=args.allow_runtime_lora, extra=extra)
+    shown = " ".join(f"{k}={v}" for k, v in env.items())
+    if args.dry_run:
+        out.print(f"{shown} {shlex.join(argv)}".strip(), markup=False)
+        return 0
+    if shutil.which("vllm") is None:
+        raise UsageError("vllm is not installed here; it runs in its own GPU environment (see README, Serving)")
+    child_env = {**os.environ, **env}
+    if args.api_key_env:
+        child_env["VLLM_API_KEY"] = os.environ[args.api_key_env]
+    _write_client_policies(args, served, url, base_name=args.served_model_name)
+    err.print(f"starting: {shown} {shlex.join(argv)}".strip(), markup=False)
+    process = subprocess.Popen(argv, env=child_env, stdout=sys.stderr, stderr=sys.stderr)  # its log streams through
+    try:
+        deadline = time.monotonic() + VLLM_START_TIMEOUT
+        while process.poll() is None and time.monotonic() < deadline:
+            try:
+                if httpx.get(url.removesuffix("/v1") + "/health", timeout=5).status_code == 200:
+                    out.print(f"serve: vLLM ready at {url}", markup=False)
+                    break
+            except httpx.HTTPError:
+                time.sleep(2)
+        return process.wait()
+    except KeyboardInterrupt:
+        process.terminate()
+        return process.wait()
+
+
+def _api_key(name: str | None) -> str | None:
+    if name is None:
+        return None
+    value = os.environ.get(name)
+    if not value:
+        raise UsageError(f"--api-key-env: the variable {name} is not set")
+    return value
+
+
+def _loopback(host: str) -> bool:
+    try:
+        return host == "localhost" or ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def _write_client_policies(args: argparse.Namespace, served: ServedPolicies, url: str, *,
+                           base_name: str | None = None) -> None:
+    if not args.client_policies:
+        return
+    data = client_policies(served, url, api_key_env=args.api_key_env)
+    if base_name:
+        for entry in data["roles"].values():
+            if entry["model"] == served.base:
+                entry["model"] = base_name
+    path = Path(args.client_policies)
+    path.write_text(yaml.safe_dump(data, sort_keys=False), encoding="utf-8")
+    err.print(f"client policy file: {path}", markup=False)

@@ -1,0 +1,189 @@
+"""The local OpenAI-compatible server on 127.0.0.1, driven by real clients (ChatOpenAI, httpx)."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import openai
+import pytest
+import uvicorn
+import yaml
+from langchain_openai import ChatOpenAI
+
+from mascot.graphs import create_director_graph
+from mascot.policies import Policies
+from mascot.policies.local import LocalBackend
+from mascot.policies.local_server import ServerLimits, create_app
+from mascot.policies.serving import ServedPolicies, client_policies, reload_adapters, vllm_command
+from mascot.rosters import Roster
+
+KEY = "test-key-1234567890"
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def served(tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> ServedPolicies:
+    """Two of the tiny model's adapters, in an adapters folder the server may load from."""
+    root = tmp_path_factory.mktemp("serve")
+    shutil.copytree(tiny_model / "adapters", root / "adapters")
+    policy = {"version": 1, "defaults": {"kind": "local", "model": str(tiny_model)},
+              "roles": {"default": {}, "anchor": {"adapter": "adapters/anchor", "version": "1"},
+                        "catalyst": {"adapter": "adapters/catalyst", "version": "1"}}}
+    (root / "policies.yaml").write_text(yaml.safe_dump(policy))
+    return ServedPolicies.from_file(root / "policies.yaml")
+
+
+@pytest.fixture(scope="module")
+def server(served: ServedPolicies) -> Iterator[str]:
+    backend = LocalBackend.load(served.base, adapters={a.name: a.path for a in served.adapters.values()},
+                                adapter_versions={a.name: a.version for a in served.adapters.values()})
+    app = create_app(backend, served_name="tiny", api_key=KEY, adapters_dir=served.source.parent,
+                     allow_runtime_lora=True, limits=ServerLimits(max_tokens=32, max_body_bytes=200_000))
+    port = free_port()
+    instance = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
+    thread = threading.Thread(target=instance.run, daemon=True)
+    thread.start()
+    url = f"http://127.0.0.1:{port}/v1"
+    for _ in range(200):
+        if instance.started:
+            break
+        time.sleep(0.05)
+    yield url
+    instance.should_exit = True
+    thread.join(timeout=10)
+
+
+def chat(url: str, model: str, **kwargs: object) -> ChatOpenAI:
+    return ChatOpenAI(base_url=url, api_key=KEY, model=model, temperature=0, max_retries=0, **kwargs)
+
+
+def test_models_lists_base_and_adapters(server: str) -> None:
+    models = openai.OpenAI(base_url=server, api_key=KEY).models.list()
+    assert [m.id for m in models.data] == ["tiny", "anchor", "catalyst"]
+
+
+def test_each_adapter_answers_differently(server: str) -> None:
+    prompt = [("user", "I failed my exam again.")]
+    replies = {m: chat(server, m, max_tokens=8).invoke(prompt).content for m in ("tiny", "anchor", "catalyst")}
+    assert len(set(replies.values())) == 3, replies
+    assert chat(server, "anchor", max_tokens=8).invoke(prompt).content == replies["anchor"]  # greedy: stable
+
+
+def test_streaming_matches_the_whole_reply(server: str) -> None:
+    prompt = [("user", "Tell me one small step.")]
+    whole = chat(server, "anchor", max_tokens=10).invoke(prompt).content
+    pieces = [chunk.content for chunk in chat(server, "anchor", max_tokens=10, stream_usage=True).stream(prompt)]
+    assert len([p for p in pieces if p]) > 1 and "".join(pieces) == whole
+
+
+def test_max_completion_tokens_and_the_cap(server: str) -> None:
+    client = openai.OpenAI(base_url=server, api_key=KEY)
+    messages = [{"role": "user", "content": "Say something long."}]
+    short = client.chat.completions.create(model="catalyst", messages=messages, max_completion_tokens=3,
+                                           temperature=0)
+    assert short.usage.completion_tokens <= 3 and short.choices[0].finish_reason == "length"
+    old_style = client.chat.completions.create(model="catalyst", messages=messages, max_tokens=2, temperature=0)
+    assert old_style.usage.completion_tokens <= 2
+    capped = client.chat.completions.create(model="catalyst", messages=messages, max_tokens=5000, temperature=0)
+    assert capped.usage.completion_tokens <= 32  # the server's cap
+    several = client.chat.completions.create(model="tiny", messages=messages, max_tokens=4, n=3, seed=1)
+    assert [c.index for c in several.choices] == [0, 1, 2]
+
+
+def test_errors_are_openai_errors(server: str) -> None:
+    client = openai.OpenAI(base_url=server, api_key=KEY, max_retries=0)
+    with pytest.raises(openai.NotFoundError, match="does not exist"):
+        client.chat.completions.create(model="nobody", messages=[{"role": "user", "content": "hi"}])
+    with pytest.raises(openai.AuthenticationError):
+        openai.OpenAI(base_url=server, api_key="wrong", max_retries=0).models.list()
+    assert httpx.get(server + "/models").status_code == 401
+    auth = {"Authorization": f"Bearer {KEY}"}
+    bad = httpx.post(server + "/chat/completions", headers=auth, json={"model": "tiny", "messages": []})
+    assert bad.status_code == 400 and bad.json()["error"]["type"] == "BadRequestError"
+    garbage = httpx.post(server + "/chat/completions", headers={**auth, "content-type": "application/json"},
+                         content=b"{not json")
+    assert garbage.status_code == 400 and "error" in garbage.json()
+    huge = httpx.post(server + "/chat/completions", headers=auth,
+                      json={"model": "tiny", "messages": [{"role": "user", "content": "x" * 300_000}]})
+    assert huge.status_code == 413
+    too_many = httpx.post(server + "/chat/completions", headers=auth,
+                          json={"model": "tiny", "n": 50, "messages": [{"role": "user", "content": "hi"}]})
+    assert too_many.status_code == 400 and too_many.json()["error"]["param"] == "n"
+    assert httpx.get(server.removesuffix("/v1") + "/health").status_code == 200  # no key needed
+
+
+def test_hot_load_use_and_unload_an_adapter(server: str, served: ServedPolicies, tiny_model: Path) -> None:
+    shutil.copytree(tiny_model / "adapters" / "beacon", served.source.parent / "adapters" / "fresh")
+    auth = {"Authorization": f"Bearer {KEY}"}
+    loaded = httpx.post(server + "/load_lora_adapter", headers=auth,
+                        json={"lora_name": "fresh", "lora_path": "adapters/fresh"})
+    assert loaded.status_code == 200 and "added" in loaded.text
+    assert chat(server, "fresh", max_tokens=4).invoke([("user", "hello")]).content
+    assert "fresh" in [m.id for m in openai.OpenAI(base_url=server, api_key=KEY).models.list().data]
+    assert httpx.post(server + "/unload_lora_adapter", headers=auth, json={"lora_name": "fresh"}).status_code == 200
+    with pytest.raises(openai.NotFoundError):
+        chat(server, "fresh").invoke([("user", "hello")])
+    assert httpx.post(server + "/unload_lora_adapter", headers=auth, json={"lora_name": "fresh"}).status_code == 404
+
+
+def test_adapter_paths_cannot_escape_the_adapters_folder(server: str, served: ServedPolicies,
+                                                        tiny_model: Path, tmp_path: Path) -> None:
+    outside = tmp_path / "outside"
+    shutil.copytree(tiny_model / "adapters" / "beacon", outside)
+    (served.source.parent / "adapters" / "sneaky").symlink_to(outside)
+    auth = {"Authorization": f"Bearer {KEY}"}
+    for path in ("../../outside", str(outside), "adapters/sneaky", "adapters/../..", "/etc", "adapters/missing"):
+        response = httpx.post(server + "/load_lora_adapter", headers=auth,
+                              json={"lora_name": "evil", "lora_path": path})
+        assert response.status_code == 400 and response.json()["error"]["param"] == "lora_path", path
+    assert httpx.post(server + "/load_lora_adapter", headers=auth,
+                      json={"lora_name": "../x", "lora_path": "adapters/anchor"}).status_code == 400
+
+
+def test_reload_pushes_the_policy_files_adapters(server: str, served: ServedPolicies) -> None:
+    with httpx.Client() as client:
+        assert reload_adapters(server, served, api_key=KEY, client=client) == ["anchor", "catalyst"]
+    assert {"anchor", "catalyst"} <= {m.id for m in openai.OpenAI(base_url=server, api_key=KEY).models.list().data}
+
+
+def test_director_graph_over_http(server: str, served: ServedPolicies, roster: Roster, tmp_path: Path,
+                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("MASCOT_TEST_KEY", KEY)
+    data = client_policies(served, server, api_key_env="MASCOT_TEST_KEY")
+    for entry in data["roles"].values():
+        entry.update(max_tokens=16, temperature=1.0, model="tiny" if entry["model"] == served.base else entry["model"])
+    (tmp_path / "client.yaml").write_text(yaml.safe_dump(data))
+    assert data["roles"]["anchor"] == {"kind": "openai", "base_url": server, "model": "anchor", "version": "1",
+                                       "api_key_env": "MASCOT_TEST_KEY", "max_tokens": 16, "temperature": 1.0}
+    policies = Policies.from_file(tmp_path / "client.yaml", roster, seed=0)
+    graph = create_director_graph(roster, director=policies.chat_model("director"), speakers=policies.speakers(),
+                                  max_speakers_per_round=2, structured_output=True).compile()
+    state = graph.invoke({"messages": [("user", "I failed my exam again.")]})
+    spoken = [m for m in state["messages"] if m.type == "ai"]
+    assert spoken and len(state["directions"]) >= 2
+    # every turn came over HTTP from the adapter (or base) the policy file names for its role
+    assert all(m.response_metadata["model_name"] == data["roles"].get(m.name, data["roles"]["default"])["model"]
+               for m in spoken)
+
+
+def test_vllm_command_for_a_policy_file(served: ServedPolicies) -> None:
+    argv, env = vllm_command(served, host="0.0.0.0", port=9000, api_key_env="MY_KEY", allow_runtime_lora=True)
+    assert argv[:7] == ["vllm", "serve", served.base, "--host", "0.0.0.0", "--port", "9000"]
+    modules = argv[argv.index("--lora-modules") + 1: argv.index("--max-lora-rank")]
+    assert modules == [f"anchor={served.adapters['anchor'].path}", f"catalyst={served.adapters['catalyst'].path}"]
+    assert argv[argv.index("--max-lora-rank") + 1] == "8" and argv[argv.index("--max-loras") + 1] == "2"
+    assert "--enable-lora" in argv and not any(KEY in a or "MY_KEY" in a for a in argv)
+    assert env == {"VLLM_ALLOW_RUNTIME_LORA_UPDATING": "True", "VLLM_API_KEY": "$MY_KEY"}
+    assert os.environ.get("MY_KEY") is None

@@ -1,0 +1,91 @@
+"""`mascot serve`: the local engine in its own process with `mascot chat` against it, the vLLM
+command (dry run) and the user mistakes."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+import yaml
+
+from mascot.cli import main
+
+MASCOT = str(Path(sys.executable).parent / "mascot")
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+def test_serve_local_and_chat_against_it(tiny_model: Path, tmp_path: Path) -> None:
+    port, client = free_port(), tmp_path / "client.yaml"
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "SERVE_KEY": "serve-key-0123456789"}
+    server = subprocess.Popen([MASCOT, "serve", "--policies", str(tiny_model / "policies.yaml"), "--port", str(port),
+                               "--api-key-env", "SERVE_KEY", "--client-policies", str(client)],
+                              env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        for _ in range(300):
+            try:
+                if httpx.get(f"http://127.0.0.1:{port}/health", timeout=1).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                time.sleep(0.1)
+        roles = yaml.safe_load(client.read_text())["roles"]
+        assert roles["anchor"]["model"] == "anchor" and roles["anchor"]["api_key_env"] == "SERVE_KEY"
+        assert "serve-key" not in client.read_text()
+        chat = subprocess.run([MASCOT, "chat", "--roster", "emotional_support", "--policies", str(client),
+                               "--message", "I failed my exam.", "--max-tokens", "8", "--temperature", "1",
+                               "--seed", "0", "--json"], env=env, capture_output=True, text=True, timeout=120)
+        assert chat.returncode == 0, chat.stderr[-2000:]
+        episode = json.loads(chat.stdout)
+        assert episode["messages"][0]["role"] == "user" and len(episode["directions"]) >= 1
+        assert f"127.0.0.1:{port}" in episode["policies"]["anchor"]
+        reload = subprocess.run([MASCOT, "serve", "--reload", "--policies", str(tiny_model / "policies.yaml"),
+                                 "--url", f"http://127.0.0.1:{port}/v1", "--api-key-env", "SERVE_KEY"],
+                                env=env, capture_output=True, text=True, timeout=60)
+        assert reload.returncode == 2 and "runtime adapter loading is disabled" in reload.stderr
+    finally:
+        server.terminate()
+        server.wait(timeout=30)
+
+
+def test_vllm_dry_run_prints_the_command(tiny_model: Path, capsys: pytest.CaptureFixture[str],
+                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("SERVE_KEY", "secret-value-123456")
+    assert main(["serve", "--engine", "vllm", "--dry-run", "--policies", str(tiny_model / "policies.yaml"),
+                 "--api-key-env", "SERVE_KEY", "--allow-runtime-lora", "--port", "8100"]) == 0
+    line = capsys.readouterr().out.strip()
+    assert line.startswith("VLLM_ALLOW_RUNTIME_LORA_UPDATING=True VLLM_API_KEY=$SERVE_KEY vllm serve ")
+    assert f"anchor={tiny_model / 'adapters' / 'anchor'}" in line and "--max-lora-rank 8 --max-loras 4" in line
+    assert "secret-value" not in line
+
+
+@pytest.mark.parametrize(("args", "message"), [
+    (["--api-key-env", "NO_SUCH_VARIABLE_SET"], "the variable NO_SUCH_VARIABLE_SET is not set"),
+    (["--reload"], "--reload needs --url"),
+    (["--dry-run"], "use it with --engine vllm"),
+    (["--engine", "vllm"], "vllm is not installed here"),
+])
+def test_serve_usage_errors(tiny_model: Path, args: list[str], message: str,
+                            capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["serve", "--policies", str(tiny_model / "policies.yaml"), *args]) == 2
+    stderr = capsys.readouterr().err
+    assert message in stderr and len(stderr.strip().splitlines()) == 1
+
+
+def test_serve_refuses_two_base_models(tmp_path: Path, tiny_model: Path, tiny_llama: Path,
+                                       capsys: pytest.CaptureFixture[str]) -> None:
+    policy = tmp_path / "two.yaml"
+    policy.write_text(yaml.safe_dump({"version": 1, "roles": {"default": {"kind": "local", "model": str(tiny_model)},
+                                                               "anchor": {"kind": "local", "model": str(tiny_llama)}}}))
+    assert main(["serve", "--policies", str(policy)]) == 2
+    assert "one server serves one base model" in capsys.readouterr().err
