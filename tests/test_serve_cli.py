@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import socket
 import subprocess
 import sys
@@ -89,3 +90,28 @@ def test_serve_refuses_two_base_models(tmp_path: Path, tiny_model: Path, tiny_ll
                                                                "anchor": {"kind": "local", "model": str(tiny_llama)}}}))
     assert main(["serve", "--policies", str(policy)]) == 2
     assert "one server serves one base model" in capsys.readouterr().err
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(shutil.which("vllm") is None, reason="needs vLLM (its own GPU environment) on PATH")
+def test_vllm_engine_serves_the_adapters(tiny_model: Path, tmp_path: Path) -> None:
+    from langchain_openai import ChatOpenAI
+
+    port, client = free_port(), tmp_path / "client.yaml"
+    server = subprocess.Popen([MASCOT, "serve", "--engine", "vllm", "--policies", str(tiny_model / "policies.yaml"),
+                               "--port", str(port), "--client-policies", str(client)],
+                              env={**os.environ, "HF_HUB_OFFLINE": "1"})
+    try:
+        for _ in range(600):
+            try:
+                if httpx.get(f"http://127.0.0.1:{port}/health", timeout=1).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                time.sleep(1)
+        url = f"http://127.0.0.1:{port}/v1"
+        replies = {m: ChatOpenAI(base_url=url, api_key="EMPTY", model=m, temperature=0, max_tokens=8)
+                   .invoke([("user", "hello")]).content for m in ("anchor", "catalyst")}
+        assert len(set(replies.values())) == 2
+    finally:
+        server.terminate()
+        server.wait(timeout=60)
