@@ -27,6 +27,17 @@ def free_port() -> int:
         return probe.getsockname()[1]
 
 
+def wait_for_health(port: int, *, seconds: float) -> None:
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        try:
+            if httpx.get(f"http://127.0.0.1:{port}/health", timeout=1).status_code == 200:
+                return
+        except httpx.HTTPError:
+            time.sleep(0.2)
+    raise AssertionError(f"no server answered on port {port} within {seconds} s")
+
+
 def test_serve_local_and_chat_against_it(tiny_model: Path, tmp_path: Path) -> None:
     port, client = free_port(), tmp_path / "client.yaml"
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "SERVE_KEY": "serve-key-0123456789"}
@@ -34,12 +45,7 @@ def test_serve_local_and_chat_against_it(tiny_model: Path, tmp_path: Path) -> No
                                "--api-key-env", "SERVE_KEY", "--client-policies", str(client)],
                               env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
-        for _ in range(300):
-            try:
-                if httpx.get(f"http://127.0.0.1:{port}/health", timeout=1).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                time.sleep(0.1)
+        wait_for_health(port, seconds=30)
         roles = yaml.safe_load(client.read_text())["roles"]
         assert roles["anchor"]["model"] == "anchor" and roles["anchor"]["api_key_env"] == "SERVE_KEY"
         assert "serve-key" not in client.read_text()
@@ -102,12 +108,7 @@ def test_vllm_engine_serves_the_adapters(tiny_model: Path, tmp_path: Path) -> No
                                "--port", str(port), "--client-policies", str(client)],
                               env={**os.environ, "HF_HUB_OFFLINE": "1"})
     try:
-        for _ in range(600):
-            try:
-                if httpx.get(f"http://127.0.0.1:{port}/health", timeout=1).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                time.sleep(1)
+        wait_for_health(port, seconds=600)
         url = f"http://127.0.0.1:{port}/v1"
         replies = {m: ChatOpenAI(base_url=url, api_key="EMPTY", model=m, temperature=0, max_tokens=8)
                    .invoke([("user", "hello")]).content for m in ("anchor", "catalyst")}
