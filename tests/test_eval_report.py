@@ -1,0 +1,63 @@
+"""Bootstrap intervals and the evaluation report, on constructed scores with known answers."""
+
+from __future__ import annotations
+
+import csv
+import json
+import random
+from pathlib import Path
+
+import pytest
+
+from mascot.training.bootstrap import bootstrap_difference
+from mascot.training.eval_report import SystemScores, summarize, write_report
+
+
+def test_bootstrap_finds_a_known_difference() -> None:
+    rng = random.Random(0)
+    base = {f"e{i}": rng.gauss(50, 10) for i in range(60)}
+    better = {k: v + 8 + rng.gauss(0, 2) for k, v in base.items()}
+    difference = bootstrap_difference(better, base)
+    assert difference.paired and difference.n == 60
+    assert difference.low < 8 < difference.high and difference.low > 6 and difference.significant
+    same = {k: v + rng.gauss(0, 2) for k, v in base.items()}
+    noise = bootstrap_difference(same, base)
+    assert noise.low < 0 < noise.high and not noise.significant
+    unpaired = bootstrap_difference({"x": 1.0, "y": 3.0}, {"z": 1.0})
+    assert not unpaired.paired and unpaired.estimate == pytest.approx(1.0)
+    with pytest.raises(ValueError, match="both samples"):
+        bootstrap_difference({}, base)
+
+
+def systems() -> list[SystemScores]:
+    ids = [f"e{i}" for i in range(10)]
+    def table(offset: float) -> dict:
+        return {"persona": {"overall": {e: 50 + offset + i for i, e in enumerate(ids)},
+                            "persona_consistency": {e: 40 + offset for e in ids}},
+                "group": {"overall": {e: 60 + offset for e in ids}},
+                "metrics": {"redundancy": {e: 0.5 - offset / 100 for e in ids}}}
+    return [SystemScores("trained", "trained", table(10), {2: 0.2, 3: 0.3}),
+            SystemScores("round_robin", "baseline", table(4), {2: 0.4, 3: 0.5}),
+            SystemScores("random", "baseline", table(0), {2: 0.5}),
+            SystemScores("no_director", "ablation", table(2))]
+
+
+def test_report_tables_are_recomputed_from_the_results(tmp_path: Path) -> None:
+    summary = summarize(systems())
+    files = write_report(summary, tmp_path, header="tiny model")
+    assert {f.name for f in files} == {"results.json", "results.csv", "report.md", "persona.png", "group.png",
+                                       "redundancy.png"}
+    results = json.loads((tmp_path / "results.json").read_text())
+    overall = results["systems"]["trained"]["tables"]["persona"]["overall"]
+    values = list(results["systems"]["trained"]["episodes"]["persona"]["overall"].values())
+    assert overall["mean"] == pytest.approx(sum(values) / len(values)) and overall["n"] == 10
+    difference = results["differences"]["persona"]["overall"]
+    assert difference["best_baseline"] == "round_robin" and difference["difference"] == pytest.approx(6.0)
+    assert results["differences"]["metrics"]["redundancy"]["best_baseline"] == "round_robin"  # lower is better
+    report = (tmp_path / "report.md").read_text()
+    assert f"{overall['mean']:.1f} ± {overall['sd']:.1f} (n=10)" in report
+    assert "+6.0 [+6.0, +6.0] * vs round_robin" in report and "no_director (ablation)" in report
+    assert "![Persona level (judge, 0-100)](persona.png)" in report
+    rows = list(csv.DictReader((tmp_path / "results.csv").open()))
+    assert {(r["system"], r["table"], r["column"]) for r in rows} >= {("random", "group", "overall")}
+    assert (tmp_path / "persona.png").read_bytes()[:4] == b"\x89PNG"

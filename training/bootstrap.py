@@ -1,0 +1,71 @@
+"""Bootstrap confidence intervals for the difference of two systems' mean scores.
+
+Evaluation runs every system on the same plan (the same scenario x person x repeat gives
+the same episode id), so differences are paired by episode: each resample draws episode
+ids with replacement and takes the mean of the per-episode differences. Without common
+ids the two samples are resampled independently.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+#: Resamples per interval.
+RESAMPLES = 2000
+
+
+@dataclass(frozen=True)
+class Difference:
+    """``mean(a) - mean(b)`` with its bootstrap interval at ``level``, over ``n`` pairs
+    (or ``n`` = the smaller sample when unpaired)."""
+
+    estimate: float
+    low: float
+    high: float
+    level: float
+    n: int
+    paired: bool
+
+    @property
+    def significant(self) -> bool:
+        """Whether the interval excludes 0."""
+        return self.low > 0 or self.high < 0
+
+
+def bootstrap_difference(
+    a: Mapping[str, float],
+    b: Mapping[str, float],
+    *,
+    resamples: int = RESAMPLES,
+    level: float = 0.95,
+    seed: int = 0,
+) -> Difference:
+    """The difference of the means of ``a`` and ``b`` (episode id -> score) with a
+    percentile bootstrap interval.
+
+    Raises:
+        ValueError: on an empty sample or ``level`` outside (0, 1).
+    """
+    if not a or not b:
+        raise ValueError(f"both samples need values (got {len(a)} and {len(b)})")
+    if not 0 < level < 1:
+        raise ValueError(f"level={level}: must be between 0 and 1")
+    rng = random.Random(seed)
+    common = sorted(set(a) & set(b))
+    if common:
+        diffs = [a[k] - b[k] for k in common]
+        estimate = sum(diffs) / len(diffs)
+        means = sorted(sum(rng.choices(diffs, k=len(diffs))) / len(diffs) for _ in range(resamples))
+        n, paired = len(common), True
+    else:
+        xs, ys = list(a.values()), list(b.values())
+        estimate = sum(xs) / len(xs) - sum(ys) / len(ys)
+        means = sorted(sum(rng.choices(xs, k=len(xs))) / len(xs) - sum(rng.choices(ys, k=len(ys))) / len(ys)
+                       for _ in range(resamples))
+        n, paired = min(len(xs), len(ys)), False
+    tail = (1 - level) / 2
+    low = means[int(tail * (resamples - 1))]
+    high = means[int((1 - tail) * (resamples - 1))]
+    return Difference(estimate=estimate, low=low, high=high, level=level, n=n, paired=paired)
