@@ -20,6 +20,7 @@ from langgraph.checkpoint.sqlite import SqliteSaver
 from langgraph.types import Command
 
 from mascot.cli_episodes import add_commands as add_episode_commands
+from mascot.cli_eval import add_commands as add_eval_commands
 from mascot.cli_options import (
     UsageError,
     add_policy_flags,
@@ -135,6 +136,7 @@ def _parser() -> argparse.ArgumentParser:
     add_training_commands(commands)
     add_policy_training_commands(commands)
     add_serve_commands(commands)
+    add_eval_commands(commands)
 
     tiny = commands.add_parser("tiny-model", help="build a tiny random-weight model offline")
     tiny.add_argument("--out", required=True, metavar="DIR")

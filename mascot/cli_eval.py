@@ -1,0 +1,99 @@
+"""``mascot eval``: the trained policies against the baselines, judged, measured, reported."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from mascot.cli_options import UsageError, err, mask_secrets_in_logs, out, positive
+from mascot.policies import Policies, PolicySpec
+from mascot.rosters import load_profiles, load_roster, load_scenarios, roster_path
+from mascot.training.retry import model_retry_policy
+
+
+def add_commands(commands: argparse._SubParsersAction) -> None:
+    """Add ``eval`` to the command line."""
+    from mascot.training.evaluation import ABLATIONS, BASELINE_SYSTEMS
+
+    evaluate = commands.add_parser("eval", help="compare trained policies with the baselines: tables and plots")
+    evaluate.add_argument("--roster", required=True, metavar="ID_OR_PATH")
+    evaluate.add_argument("--policies", required=True, metavar="FILE",
+                          help="the trained policy file (its 'default' role is the base model of the baselines)")
+    evaluate.add_argument("--baselines", default=",".join(BASELINE_SYSTEMS), metavar="A,B",
+                          help=f"baselines to run (default all: {','.join(BASELINE_SYSTEMS)}); '' for none")
+    evaluate.add_argument("--ablations", action="store_true", help=f"also run {' and '.join(ABLATIONS)}")
+    evaluate.add_argument("--scenarios", metavar="FILE", help="held-out scenarios (default: the roster's)")
+    evaluate.add_argument("--profiles", metavar="FILE", help="user profiles (default: the roster's)")
+    evaluate.add_argument("--episodes", type=positive, default=8, metavar="N", help="episodes per system")
+    judge = evaluate.add_mutually_exclusive_group(required=True)
+    judge.add_argument("--judge-model", metavar="M", help="judge model: a local model, or a served name with "
+                                                          "--judge-base-url")
+    judge.add_argument("--judge-policies", metavar="FILE", help="policy file whose 'judge' role judges")
+    evaluate.add_argument("--judge-base-url", metavar="URL", help="OpenAI-compatible endpoint of --judge-model")
+    evaluate.add_argument("--judge-api-key-env", metavar="VAR", help="variable with the judge endpoint's key")
+    evaluate.add_argument("--max-rounds", type=positive, default=2, metavar="N")
+    evaluate.add_argument("--max-speakers", type=positive, default=3, metavar="N")
+    evaluate.add_argument("--max-tokens", type=positive, metavar="N", help="reply length limit of every role")
+    evaluate.add_argument("--block-turns", type=positive, default=4, metavar="N")
+    evaluate.add_argument("--concurrency", type=positive, default=4, metavar="C")
+    evaluate.add_argument("--seed", type=int, default=0)
+    evaluate.add_argument("--out", required=True, metavar="DIR")
+    evaluate.set_defaults(run=_eval)
+
+
+def _eval(args: argparse.Namespace) -> int:
+    from mascot.training.eval_report import summarize, write_report
+    from mascot.training.evaluation import EvalPlan, evaluate
+    from mascot.training.judge import Judge
+    from mascot.training.judgement import JudgementCache
+    from mascot.training.rubric import load_rubric
+
+    roster = load_roster(args.roster)
+    if not Path(args.policies).is_file():
+        raise UsageError(f"--policies: no such file {args.policies}")
+    trained = Policies.from_file(args.policies, roster, seed=args.seed)
+    if args.max_tokens:
+        trained = Policies({r: s.model_copy(update={"max_tokens": args.max_tokens}) for r, s in trained.specs.items()},
+                           roster, seed=args.seed)
+    systems = ["trained", *[s for s in args.baselines.split(",") if s]]
+    if args.ablations:
+        systems += ["no_alignment", "no_director"]
+    scenarios = load_scenarios(args.scenarios or roster_path(args.roster).parent)
+    profiles = load_profiles(args.profiles) if args.profiles else list(roster.user_profiles)
+    if args.judge_policies:
+        judge_policies = Policies.from_file(args.judge_policies, roster, seed=args.seed)
+    else:
+        kind = "openai" if args.judge_base_url else "local"
+        fields = {"kind": kind, "model": args.judge_model, "temperature": 0.0, "max_tokens": 512}
+        if kind == "openai":
+            fields.update(base_url=args.judge_base_url, api_key_env=args.judge_api_key_env)
+        judge_policies = Policies({"judge": PolicySpec(**fields)}, roster, seed=args.seed)
+    mask_secrets_in_logs(trained)
+    mask_secrets_in_logs(judge_policies)
+    folder = Path(args.out)
+    folder.mkdir(parents=True, exist_ok=True)
+    spec, record = judge_policies.spec("judge"), judge_policies.record("judge")
+    judge_name = record["model"] + (f"+{record['adapter']}" if record["adapter"] else "")
+    plan = EvalPlan(scenarios=scenarios, profiles=profiles, episodes=args.episodes, seed=args.seed,
+                    max_rounds=args.max_rounds, max_speakers=args.max_speakers, concurrency=args.concurrency,
+                    block_turns=args.block_turns)
+    with JudgementCache(folder / "judgements.cache.jsonl") as cache:
+        judges = {rubric: Judge(load_rubric(rubric), judge_policies.chat_model("judge"), model_name=judge_name,
+                                structured_output=spec.kind == "openai", cache=cache)
+                  for rubric in ("persona", "group")}
+        try:
+            scores = evaluate(roster, trained, systems=systems, plan=plan, judges=judges, out=folder,
+                              retry=model_retry_policy(3), on_stage=lambda line: err.print(line, markup=False))
+        except ValueError as exc:
+            raise UsageError(str(exc)) from None
+    summary = summarize(scores, seed=args.seed)
+    base = trained.spec("default").model
+    summary["setup"] = {"roster": roster.id, "policies": str(args.policies), "base_model": base,
+                        "judge": judge_name, "episodes_per_system": args.episodes, "seed": args.seed,
+                        "systems": systems}
+    header = (f"Roster `{roster.id}`; trained policies `{args.policies}`; base model of every system "
+              f"`{base}`; judge `{judge_name}`; {args.episodes} episodes per system (the same scenarios, "
+              f"people and seed {args.seed} for all); mean ± sd over episodes, n = episodes behind each cell.")
+    files = write_report(summary, folder, header=header)
+    out.print(f"eval: {len(systems)} systems, report {folder / 'report.md'} ({len(files)} files)", markup=False)
+    return 0
