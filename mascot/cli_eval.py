@@ -94,6 +94,54 @@ def _eval(args: argparse.Namespace) -> int:
     header = (f"Roster `{roster.id}`; trained policies `{args.policies}`; base model of every system "
               f"`{base}`; judge `{judge_name}`; {args.episodes} episodes per system (the same scenarios, "
               f"people and seed {args.seed} for all); mean ± sd over episodes, n = episodes behind each cell.")
+    from mascot.episode_view import episodes_html
+    from mascot.training.episode import read_episodes
+    from mascot.training.jsonl import read_jsonl
+
+    page = folder / "conversations.html"
+    page.write_text(episodes_html(
+        {name: read_episodes(folder / "episodes" / f"{name}.jsonl") for name in systems}, roster,
+        title=f"Evaluation conversations ({roster.id})",
+        judgements={name: [r for _, r in read_jsonl(folder / "judgements" / f"{name}.jsonl")] for name in systems}),
+        encoding="utf-8")
+    header += " Read the conversations: [conversations.html](conversations.html)."
     files = write_report(summary, folder, header=header)
     out.print(f"eval: {len(systems)} systems, report {folder / 'report.md'} ({len(files)} files)", markup=False)
+    return 0
+
+
+def add_show_command(commands: argparse._SubParsersAction) -> None:
+    """Add ``show`` to the command line."""
+    show = commands.add_parser("show", help="print episodes for reading, or write them as one HTML page")
+    show.add_argument("episodes", metavar="EPISODES", help="episode JSONL (rollout, import-logs, eval)")
+    show.add_argument("--roster", metavar="ID_OR_PATH", help="the roster (default: the episodes' roster id)")
+    show.add_argument("--html", metavar="OUT.html", help="write one self-contained page instead of printing")
+    show.add_argument("--judgements", metavar="FILE", help="judgement records to show beside each reply")
+    show.add_argument("--limit", type=positive, metavar="N", help="show only the first N episodes")
+    show.set_defaults(run=_show)
+
+
+def _show(args: argparse.Namespace) -> int:
+    from mascot.episode_view import episodes_html, print_episodes
+    from mascot.training.episode import read_episodes
+    from mascot.training.jsonl import read_jsonl
+
+    if not Path(args.episodes).is_file():
+        raise UsageError(f"no such file {args.episodes}")
+    episodes = read_episodes(args.episodes)[: args.limit]
+    if not episodes:
+        raise UsageError(f"no episodes in {args.episodes}")
+    roster = load_roster(args.roster or episodes[0].roster)
+    if args.html is None:
+        print_episodes(episodes, roster, out)
+        return 0
+    if args.judgements and not Path(args.judgements).is_file():
+        raise UsageError(f"--judgements: no such file {args.judgements}")
+    judgements = [r for _, r in read_jsonl(args.judgements)] if args.judgements else []
+    page = Path(args.html)
+    if not page.parent.is_dir():
+        raise UsageError(f"--html: directory of {args.html} does not exist")
+    page.write_text(episodes_html({Path(args.episodes).stem: episodes}, roster, title=Path(args.episodes).name,
+                                  judgements={Path(args.episodes).stem: judgements}), encoding="utf-8")
+    out.print(f"show: {len(episodes)} episodes in {page}", markup=False)
     return 0
