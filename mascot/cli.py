@@ -22,6 +22,7 @@ from langgraph.types import Command
 from mascot.cli_episodes import add_commands as add_episode_commands
 from mascot.cli_eval import add_commands as add_eval_commands
 from mascot.cli_eval import add_show_command
+from mascot.cli_pipeline import add_commands as add_pipeline_commands
 from mascot.cli_options import (
     UsageError,
     add_policy_flags,
@@ -139,6 +140,7 @@ def _parser() -> argparse.ArgumentParser:
     add_serve_commands(commands)
     add_eval_commands(commands)
     add_show_command(commands)
+    add_pipeline_commands(commands)
 
     tiny = commands.add_parser("tiny-model", help="build a tiny random-weight model offline")
     tiny.add_argument("--out", required=True, metavar="DIR")

@@ -108,6 +108,10 @@ def _train_speakers(args: argparse.Namespace) -> int:
                 out.print(f"train-speakers: {name} -> {report.out} (dpo, {report.steps} steps, "
                           f"loss {report.train_loss:.3f}, {report.seconds:.0f} s)", markup=False)
             else:
+                if persona is not None and not _has_turns(episodes, persona) and not args.personas:
+                    err.print(f"{name}: no turn with a stage direction in {args.episodes}; not trained",
+                              markup=False)
+                    continue
                 dataset = speaker_prompts(episodes, roster, persona)
                 if persona is None:
                     dataset = dataset.filter(lambda row: row["persona"] in personas)
@@ -187,6 +191,10 @@ def _train_director(args: argparse.Namespace) -> int:
     out.print(f"train-director: policy file {policy_file} (mascot chat --roster {roster.id} "
               f"--policies {policy_file})", markup=False)
     return 0
+
+
+def _has_turns(episodes: list[Any], persona: str) -> bool:
+    return any(m.name == persona and m.stage_direction for e in episodes for m in e.messages)
 
 
 def _personas(ids: list[str], roster: Roster) -> list[str]:

@@ -1,0 +1,264 @@
+"""The whole method as one resumable run: ``mascot pipeline --recipe FILE`` and ``mascot demo``.
+
+A pipeline recipe (YAML) names the roster, the base model, where episodes come from (a
+synthetic rollout, or ``import-logs`` from an app's checkpointer database), the judge, and
+the settings of each stage. Each stage runs as its own ``mascot`` command in a child
+process (so every stage is exactly what a user would run by hand) and leaves a marker in
+``OUT/.stages/`` with the command it ran; a rerun skips the stages whose command is
+unchanged and already finished, and each command resumes its own partial work.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class RolloutStage(_Section):
+    scenarios: str | None = None
+    profiles: str | None = None
+    episodes: int = Field(default=8, ge=1)
+    max_rounds: int = Field(default=1, ge=1)
+    max_tokens: int = Field(default=32, ge=1)
+
+
+class ImportStage(_Section):
+    source: str = Field(alias="from", min_length=1)
+
+
+class JudgeStage(_Section):
+    model: str | None = None
+    base_url: str | None = None
+    api_key_env: str | None = None
+    policies: str | None = None
+    block_turns: int = Field(default=4, ge=1)
+
+
+class TrainStage(_Section):
+    config: str | None = None
+    flags: list[str] = Field(default_factory=list)
+
+
+class SpeakerStage(TrainStage):
+    method: str = Field(default="grpo", pattern="^(grpo|dpo)$")
+
+
+class DirectorStage(TrainStage):
+    block_turns: int | None = Field(default=None, ge=1)
+
+
+class EvalStage(_Section):
+    scenarios: str | None = None
+    episodes: int = Field(default=4, ge=1)
+    baselines: list[str] = Field(default_factory=lambda: ["round_robin", "random", "zero_shot"])
+    ablations: bool = False
+    max_rounds: int = Field(default=1, ge=1)
+    max_tokens: int = Field(default=32, ge=1)
+
+
+class PipelineRecipe(_Section):
+    """A pipeline run. Relative paths are taken from the recipe file's folder."""
+
+    roster: str
+    model: str
+    out: str
+    rollout: RolloutStage | None = None
+    import_logs: ImportStage | None = Field(default=None, alias="import-logs")
+    judge: JudgeStage
+    candidates: int = Field(default=3, ge=2)
+    min_margin: float = Field(default=0.5, ge=0)
+    reward_models: TrainStage = Field(default_factory=TrainStage, alias="reward-models")
+    speakers: SpeakerStage = Field(default_factory=SpeakerStage)
+    director: DirectorStage = Field(default_factory=DirectorStage)
+    eval: EvalStage = Field(default_factory=EvalStage)
+    seed: int = 0
+
+
+class PipelineError(ValueError):
+    """A recipe is invalid or a stage failed; the message is one line."""
+
+
+def load_recipe(path: str | Path) -> PipelineRecipe:
+    """Read and validate a pipeline recipe.
+
+    Raises:
+        PipelineError: on a missing file, bad YAML, an unknown key, or neither or both of
+            ``rollout`` and ``import-logs``.
+    """
+    path = Path(path)
+    try:
+        data = yaml.safe_load(path.read_text(encoding="utf-8"))
+        recipe = PipelineRecipe.model_validate(data)
+    except OSError as exc:
+        raise PipelineError(f"{path}: cannot read ({exc.strerror})") from None
+    except yaml.YAMLError as exc:
+        raise PipelineError(f"{path}: malformed YAML ({str(exc).splitlines()[0]})") from None
+    except ValidationError as exc:
+        error = exc.errors()[0]
+        where = ".".join(str(p) for p in error["loc"]) or "(top level)"
+        raise PipelineError(f"{path}: {where}: {error['msg']}") from None
+    if (recipe.rollout is None) == (recipe.import_logs is None):
+        raise PipelineError(f"{path}: give exactly one episode source, 'rollout' or 'import-logs'")
+    return recipe
+
+
+def stages(recipe: PipelineRecipe, base: Path) -> list[tuple[str, list[str]]]:
+    """Every stage as (name, ``mascot`` arguments), in order."""
+    out = _path(recipe.out, base)
+    model = str(_path(recipe.model, base)) if _path(recipe.model, base).exists() else recipe.model
+    roster = ["--roster", recipe.roster]
+    policies = out / "base-policies.yaml"
+    local = [*roster, "--policies", str(policies)]
+    judge = _judge_flags(recipe.judge, base)
+    episodes = str(out / "episodes.jsonl")
+    plan: list[tuple[str, list[str]]] = []
+    if recipe.rollout is not None:
+        r = recipe.rollout
+        plan.append(("rollout", ["rollout", *local, "--max-tokens", str(r.max_tokens), "--episodes",
+                                 str(r.episodes), "--max-rounds", str(r.max_rounds), "--seed", str(recipe.seed),
+                                 *_file_flag("--scenarios", r.scenarios, base),
+                                 *_file_flag("--profiles", r.profiles, base), "--out", episodes]))
+    else:
+        plan.append(("import-logs", ["import-logs", "--from", recipe.import_logs.source, *roster, "--out", episodes]))
+    plan += [
+        ("judge-blocks", ["judge", "--in", episodes, "--rubric", "group", "--block-turns",
+                          str(recipe.judge.block_turns), *roster, *judge, "--out", str(out / "blocks.jsonl")]),
+        ("candidates", ["candidates", "--in", episodes, *local, "--k", str(recipe.candidates),
+                        "--max-tokens", str(recipe.rollout.max_tokens if recipe.rollout else 64),
+                        "--seed", str(recipe.seed), "--out", str(out / "candidates.jsonl")]),
+        ("judge-candidates", ["judge", "--in", str(out / "candidates.jsonl"), "--rubric", "persona", *roster,
+                              *judge, "--out", str(out / "judged.jsonl")]),
+        ("pairs", ["pairs", "--in", str(out / "judged.jsonl"), "--min-margin", str(recipe.min_margin),
+                   "--seed", str(recipe.seed), "--out", str(out / "pairs")]),
+        ("group-pairs", ["pairs", "--in", str(out / "blocks.jsonl"), "--episodes", episodes, "--min-margin",
+                         str(recipe.min_margin), "--test-fraction", "0", "--out", str(out / "group-pairs")]),
+        ("persona-rm", ["train-rm", "--pairs", str(out / "pairs"), "--base", model,
+                        *_recipe(recipe.reward_models, base), "--out", str(out / "rm-persona")]),
+        ("group-rm", ["train-rm", "--pairs", str(out / "group-pairs"), "--base", model,
+                      *_recipe(recipe.reward_models, base), "--out", str(out / "rm-group")]),
+    ]
+    speakers = ["train-speakers", *roster, "--base", model, "--out", str(out / "adapters")]
+    if recipe.speakers.method == "dpo":
+        speakers += ["--method", "dpo", "--pairs", str(out / "pairs")]
+    else:
+        speakers += ["--episodes", episodes, "--rm", str(out / "rm-persona")]
+    plan.append(("speakers", [*speakers, *_recipe(recipe.speakers, base)]))
+    director = ["train-director", *roster, "--base", model, "--episodes", episodes, "--group-rm",
+                str(out / "rm-group"), "--speakers", str(out / "adapters" / "policies.yaml"), "--out",
+                str(out / "adapters")]
+    if recipe.director.block_turns:
+        director += ["--block-turns", str(recipe.director.block_turns)]
+    plan.append(("director", [*director, *_recipe(recipe.director, base)]))
+    e = recipe.eval
+    plan.append(("eval", ["eval", *roster, "--policies", str(out / "adapters" / "policies.yaml"),
+                          "--baselines", ",".join(e.baselines), *(["--ablations"] if e.ablations else []),
+                          *_file_flag("--scenarios", e.scenarios, base),
+                          "--episodes", str(e.episodes), "--max-rounds", str(e.max_rounds), "--max-tokens",
+                          str(e.max_tokens), "--seed", str(recipe.seed), *_eval_judge(recipe.judge, base),
+                          "--out", str(out / "eval")]))
+    return plan
+
+
+def run_pipeline(
+    recipe_file: str | Path,
+    *,
+    on_stage: Callable[[str, str], None] = lambda name, state: None,
+    env: dict[str, str] | None = None,
+) -> Path:
+    """Run every stage of a recipe not already finished with the same command.
+
+    Args:
+        recipe_file: The pipeline recipe.
+        on_stage: Called with (stage, ``"skipped"`` | ``"running"`` | ``"done in N s"``).
+        env: Environment of the stage processes (default: this one's).
+
+    Returns:
+        The evaluation report's path.
+
+    Raises:
+        PipelineError: on an invalid recipe or a failed stage (its last error line).
+    """
+    recipe_file = Path(recipe_file)
+    recipe = load_recipe(recipe_file)
+    base = recipe_file.resolve().parent
+    out = _path(recipe.out, base)
+    markers = out / ".stages"
+    markers.mkdir(parents=True, exist_ok=True)
+    _base_policies(recipe, base, out)
+    for name, argv in stages(recipe, base):
+        marker = markers / f"{name}.json"
+        digest = hashlib.sha256(json.dumps(argv).encode()).hexdigest()
+        if marker.is_file() and json.loads(marker.read_text(encoding="utf-8")).get("sha256") == digest:
+            on_stage(name, "skipped")
+            continue
+        on_stage(name, "running")
+        started = time.monotonic()
+        result = subprocess.run([sys.executable, "-m", "mascot", *argv], capture_output=True, text=True, env=env)
+        if result.returncode != 0:
+            lines = [line for line in result.stderr.strip().splitlines() if line.strip()]
+            raise PipelineError(f"stage {name} failed ({result.returncode}): {lines[-1] if lines else 'no output'}")
+        marker.write_text(json.dumps({"sha256": digest, "argv": argv}) + "\n", encoding="utf-8")
+        on_stage(name, f"done in {time.monotonic() - started:.0f} s")
+    return out / "eval" / "report.md"
+
+
+def _base_policies(recipe: PipelineRecipe, base: Path, out: Path) -> None:
+    """The bare base model for every role: what rollouts and candidates sample from."""
+    model = _path(recipe.model, base)
+    reference = str(model) if model.exists() else recipe.model
+    data: dict[str, Any] = {"version": 1, "roles": {"default": {"kind": "local", "model": reference}}}
+    (out / "base-policies.yaml").write_text(yaml.safe_dump(data, sort_keys=False), encoding="utf-8")
+
+
+def _judge_flags(judge: JudgeStage, base: Path) -> list[str]:
+    if judge.policies:
+        return ["--policies", str(_path(judge.policies, base))]
+    if not judge.model:
+        raise PipelineError("judge: give 'model' (with 'base_url' for a server) or 'policies'")
+    flags = ["--model", judge.model]
+    if judge.base_url:
+        flags += ["--base-url", judge.base_url]
+    if judge.api_key_env:
+        flags += ["--api-key-env", judge.api_key_env]
+    return flags
+
+
+def _eval_judge(judge: JudgeStage, base: Path) -> list[str]:
+    if judge.policies:
+        return ["--judge-policies", str(_path(judge.policies, base))]
+    flags = ["--judge-model", judge.model or ""]
+    if judge.base_url:
+        flags += ["--judge-base-url", judge.base_url]
+    if judge.api_key_env:
+        flags += ["--judge-api-key-env", judge.api_key_env]
+    return flags
+
+
+def _recipe(stage: TrainStage, base: Path) -> list[str]:
+    config = []
+    if stage.config:
+        local = _path(stage.config, base)
+        config = ["--config", str(local) if local.is_file() else stage.config]  # a shipped recipe's name
+    return [*config, *stage.flags]
+
+
+def _file_flag(flag: str, value: str | None, base: Path) -> list[str]:
+    return [flag, str(_path(value, base))] if value else []
+
+
+def _path(value: str, base: Path) -> Path:
+    path = Path(value).expanduser()
+    return path if path.is_absolute() else base / path
