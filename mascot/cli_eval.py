@@ -80,7 +80,7 @@ def _eval(args: argparse.Namespace) -> int:
     with JudgementCache(folder / "judgements.cache.jsonl") as cache:
         judges = {rubric: Judge(load_rubric(rubric), judge_policies.chat_model("judge"), model_name=judge_name,
                                 structured_output=spec.kind == "openai", cache=cache)
-                  for rubric in ("persona", "group")}
+                  for rubric in ("persona", "group", "direction")}
         try:
             scores = evaluate(roster, trained, systems=systems, plan=plan, judges=judges, out=folder,
                               retry=model_retry_policy(3), on_stage=lambda line: err.print(line, markup=False))

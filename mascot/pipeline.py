@@ -167,7 +167,7 @@ def stages(recipe: PipelineRecipe, base: Path) -> list[tuple[str, list[str]]]:
                           "--baselines", ",".join(e.baselines), *(["--ablations"] if e.ablations else []),
                           *_file_flag("--scenarios", e.scenarios, base),
                           "--episodes", str(e.episodes), "--max-rounds", str(e.max_rounds), "--max-tokens",
-                          str(e.max_tokens), "--seed", str(recipe.seed), *_eval_judge(recipe.judge, base),
+                          str(e.max_tokens), "--seed", str(recipe.seed), *_judge_flags(recipe.judge, base, "judge-"),
                           "--out", str(out / "eval")]))
     return plan
 
@@ -223,27 +223,17 @@ def _base_policies(recipe: PipelineRecipe, base: Path, out: Path) -> None:
     (out / "base-policies.yaml").write_text(yaml.safe_dump(data, sort_keys=False), encoding="utf-8")
 
 
-def _judge_flags(judge: JudgeStage, base: Path) -> list[str]:
+def _judge_flags(judge: JudgeStage, base: Path, prefix: str = "") -> list[str]:
+    """The judge's flags of ``judge`` (``prefix=""``) or of ``eval`` (``prefix="judge-"``)."""
     if judge.policies:
-        return ["--policies", str(_path(judge.policies, base))]
+        return [f"--{prefix}policies", str(_path(judge.policies, base))]
     if not judge.model:
         raise PipelineError("judge: give 'model' (with 'base_url' for a server) or 'policies'")
-    flags = ["--model", judge.model]
+    flags = [f"--{prefix}model", judge.model]
     if judge.base_url:
-        flags += ["--base-url", judge.base_url]
+        flags += [f"--{prefix}base-url", judge.base_url]
     if judge.api_key_env:
-        flags += ["--api-key-env", judge.api_key_env]
-    return flags
-
-
-def _eval_judge(judge: JudgeStage, base: Path) -> list[str]:
-    if judge.policies:
-        return ["--judge-policies", str(_path(judge.policies, base))]
-    flags = ["--judge-model", judge.model or ""]
-    if judge.base_url:
-        flags += ["--judge-base-url", judge.base_url]
-    if judge.api_key_env:
-        flags += ["--judge-api-key-env", judge.api_key_env]
+        flags += [f"--{prefix}api-key-env", judge.api_key_env]
     return flags
 
 

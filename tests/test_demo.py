@@ -46,6 +46,8 @@ def test_demo_end_to_end(tmp_path: Path) -> None:
         systems["round_robin"]["episodes"]["persona"]["overall"])
     assert results["differences"]["persona"]["overall"]["paired"]
     assert systems["zero_shot"]["tables"]["metrics"]["speaker_balance"]["mean"] == 0.0  # one generic voice
+    compliance = systems["trained"]["tables"]["metrics"]["direction_compliance"]
+    assert compliance["n"] == 3 and 0 <= compliance["mean"] <= 100 and "Direction compliance" in report
     trained = [json.loads(line) for line in (evaluation / "episodes" / "trained.jsonl").read_text().splitlines()]
     baseline = [json.loads(line) for line in (evaluation / "episodes" / "round_robin.jsonl").read_text().splitlines()]
     assert trained[0]["policies"]["anchor"]["adapter"] == "anchor"

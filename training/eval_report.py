@@ -28,7 +28,8 @@ TABLES: dict[str, dict[str, str]] = {
     "group": {"persona_fidelity": "Fidelity", "originality_specificity": "Originality",
               "relevance_coherence": "Relevance", "engagement_contribution": "Engagement", "overall": "Overall"},
     "metrics": {"redundancy": "Redundancy (lower is better)", "distinct_2": "Distinct-2",
-                "speaker_balance": "Speaker balance", "persona_identifiability": "Identifiability"},
+                "speaker_balance": "Speaker balance", "persona_identifiability": "Identifiability",
+                "direction_compliance": "Direction compliance (judge, 0-100)"},
 }
 #: Columns where lower is better.
 LOWER_IS_BETTER = {"redundancy"}

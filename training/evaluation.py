@@ -46,6 +46,8 @@ logger = logging.getLogger(__name__)
 
 #: Baseline systems (the paper's comparisons).
 BASELINE_SYSTEMS = ("zero_shot", "round_robin", "random", "untrained_director", "all_speak")
+#: The rubric whose single criterion is reported as a metric (stage-direction compliance).
+COMPLIANCE = "direction"
 #: Ablations of the trained system.
 ABLATIONS = ("no_alignment", "no_director")
 
@@ -141,6 +143,8 @@ async def judge_system(name: str, episodes: Sequence[Episode], *, roster: Roster
             targets = [t for e in episodes for t in (
                 reply_targets(e, judged_roster) if judge.rubric.target == "reply"
                 else block_targets(e, judged_roster, block_turns=plan.block_turns))]
+            if rubric_id == COMPLIANCE:  # only replies that followed a direction
+                targets = [t for t in targets if t.direction]
             todo = [t for t in targets if (rubric_id, *_target_key(t)) not in done]
             await judge.ajudge_many(todo, concurrency=plan.concurrency,
                                     on_judgement=lambda j: sink.write(j.record()))
@@ -165,10 +169,13 @@ def system_scores(name: str, kind: str, episodes: Sequence[Episode], judgements:
                 if values:
                     table[criterion.id][episode.id] = sum(values) / len(values)
             table["overall"][episode.id] = sum(j["overall"] for j in mine) / len(mine)
-        scores.tables[rubric_id] = table
+        if rubric_id == COMPLIANCE:  # one number per episode: beside the automatic metrics
+            scores.tables.setdefault("metrics", {})["direction_compliance"] = table["overall"]
+        else:
+            scores.tables[rubric_id] = table
     embedder = embedder or default_embedder()
     measured = _with_assistant(roster)
-    metrics: dict[str, dict[str, float]] = {}
+    metrics: dict[str, dict[str, float]] = scores.tables.get("metrics", {})
     positions: dict[int, list[float]] = {}
     for episode in episodes:
         for metric, value in episode_metrics(episode, measured, embedder).items():
@@ -207,7 +214,8 @@ def evaluate(
         trained: The trained policy file's policies.
         systems: ``trained`` and any of ``BASELINE_SYSTEMS`` and ``ABLATIONS``.
         plan: What each system runs.
-        judges: Rubric id (``persona``, ``group``) -> judge.
+        judges: Rubric id (``persona``, ``group``, optionally ``direction`` for stage-
+            direction compliance) -> judge.
         out: The evaluation folder.
         retry: Retry policy of the graphs' model calls.
         on_stage: Called with a line at each stage (progress).

@@ -1,0 +1,46 @@
+"""Pipeline recipes: validation in one line, and the stage commands they turn into."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import yaml
+
+from mascot.pipeline import PipelineError, load_recipe, stages
+
+RECIPE = {"roster": "emotional_support", "model": "Qwen/Qwen3-0.6B", "out": "run",
+          "import-logs": {"from": "sqlite:///app.db"}, "judge": {"policies": "judge.yaml"},
+          "speakers": {"method": "dpo", "config": "speakers-dpo-cpu-smoke"}}
+
+
+def write(tmp_path: Path, recipe: dict) -> Path:
+    path = tmp_path / "recipe.yaml"
+    path.write_text(yaml.safe_dump(recipe))
+    return path
+
+
+def test_app_logs_recipe_turns_into_mascot_commands(tmp_path: Path) -> None:
+    recipe = load_recipe(write(tmp_path, RECIPE))
+    plan = dict(stages(recipe, tmp_path))
+    assert list(plan) == ["import-logs", "judge-blocks", "candidates", "judge-candidates", "pairs", "group-pairs",
+                          "persona-rm", "group-rm", "speakers", "director", "eval"]
+    assert plan["import-logs"][:3] == ["import-logs", "--from", "sqlite:///app.db"]
+    assert plan["judge-blocks"][plan["judge-blocks"].index("--policies") + 1] == str(tmp_path / "judge.yaml")
+    assert "--judge-policies" in plan["eval"] and "--method" in plan["speakers"]
+    assert plan["speakers"][plan["speakers"].index("--config") + 1] == "speakers-dpo-cpu-smoke"  # shipped name
+    assert plan["persona-rm"][plan["persona-rm"].index("--base") + 1] == "Qwen/Qwen3-0.6B"
+
+
+@pytest.mark.parametrize(("change", "message"), [
+    ({"rollout": {"episodes": 2}}, "exactly one episode source"),
+    ({"import-logs": None}, "exactly one episode source"),
+    ({"judge": {"policies": "j.yaml", "colour": "red"}}, "judge.colour: Extra inputs are not permitted"),
+    ({"candidates": 1}, "candidates: Input should be greater than or equal to 2"),
+])
+def test_bad_recipes_are_one_line_errors(tmp_path: Path, change: dict, message: str) -> None:
+    recipe = {**RECIPE, **change}
+    recipe = {k: v for k, v in recipe.items() if v is not None}
+    with pytest.raises(PipelineError, match=message) as error:
+        load_recipe(write(tmp_path, recipe))
+    assert "\n" not in str(error.value)
