@@ -97,9 +97,11 @@ def make_episode(roster_id: str = "emotional_support") -> Episode:
 
 
 def test_shipped_rubrics_load_with_every_anchor() -> None:
-    assert list_rubrics() == ["group", "persona"]
-    persona, group = load_rubric("persona"), load_rubric("group")
-    assert (persona.target, group.target) == ("reply", "block")
+    assert list_rubrics() == ["direction", "group", "persona"]
+    persona, group, direction = load_rubric("persona"), load_rubric("group"), load_rubric("direction")
+    assert (persona.target, group.target, direction.target) == ("reply", "block", "reply")
+    assert direction.criterion_ids == ["direction_compliance"] and all(
+        set(c.anchors) == {1, 2, 3, 4, 5} for c in direction.criteria)
     assert persona.criterion_ids == PERSONA_IDS and group.criterion_ids == GROUP_IDS
     assert [c.name for c in persona.criteria] == [
         "Emotional Expressiveness", "Empathetic Support Quality", "Persona Consistency",
@@ -148,7 +150,7 @@ def test_invalid_rubric_fields(tmp_path: Path, change: Callable[[dict], None], e
 
 
 def test_unknown_rubric_lists_shipped() -> None:
-    with pytest.raises(RubricError, match=r"not a shipped rubric \(group, persona\)"):
+    with pytest.raises(RubricError, match=r"not a shipped rubric \(direction, group, persona\)"):
         load_rubric("nonexistent")
 
 
