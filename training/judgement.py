@@ -169,7 +169,8 @@ def parse_scores(output: str | Mapping[str, Any], rubric: Rubric) -> tuple[dict[
     for name, value in raw.items():
         criterion = ids.get(_key(str(name)))
         if criterion is None:
-            unknown.append(str(name))
+            key = str(name)  # quoted when it holds newlines or control characters
+            unknown.append((key if key.isprintable() else json.dumps(key))[:60])
         else:
             scores[criterion] = _score(value, criterion)
     missing = [c for c in rubric.criterion_ids if c not in scores]
