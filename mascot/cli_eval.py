@@ -13,15 +13,14 @@ from mascot.training.retry import model_retry_policy
 
 def add_commands(commands: argparse._SubParsersAction) -> None:
     """Add ``eval`` to the command line."""
-    from mascot.training.evaluation import ABLATIONS, BASELINE_SYSTEMS
-
     evaluate = commands.add_parser("eval", help="compare trained policies with the baselines: tables and plots")
     evaluate.add_argument("--roster", required=True, metavar="ID_OR_PATH")
     evaluate.add_argument("--policies", required=True, metavar="FILE",
                           help="the trained policy file (its 'default' role is the base model of the baselines)")
-    evaluate.add_argument("--baselines", default=",".join(BASELINE_SYSTEMS), metavar="A,B",
-                          help=f"baselines to run (default all: {','.join(BASELINE_SYSTEMS)}); '' for none")
-    evaluate.add_argument("--ablations", action="store_true", help=f"also run {' and '.join(ABLATIONS)}")
+    evaluate.add_argument("--baselines", metavar="A,B",
+                          help="baselines to run (default all: zero_shot,round_robin,random,untrained_director,"
+                               "all_speak); '' for none")
+    evaluate.add_argument("--ablations", action="store_true", help="also run no_alignment and no_director")
     evaluate.add_argument("--scenarios", metavar="FILE", help="held-out scenarios (default: the roster's)")
     evaluate.add_argument("--profiles", metavar="FILE", help="user profiles (default: the roster's)")
     evaluate.add_argument("--episodes", type=positive, default=8, metavar="N", help="episodes per system")
@@ -43,7 +42,7 @@ def add_commands(commands: argparse._SubParsersAction) -> None:
 
 def _eval(args: argparse.Namespace) -> int:
     from mascot.training.eval_report import summarize, write_report
-    from mascot.training.evaluation import EvalPlan, evaluate
+    from mascot.training.evaluation import ABLATIONS, BASELINE_SYSTEMS, EvalPlan, evaluate
     from mascot.training.judge import Judge
     from mascot.training.judgement import JudgementCache
     from mascot.training.rubric import load_rubric
@@ -55,9 +54,8 @@ def _eval(args: argparse.Namespace) -> int:
     if args.max_tokens:
         trained = Policies({r: s.model_copy(update={"max_tokens": args.max_tokens}) for r, s in trained.specs.items()},
                            roster, seed=args.seed)
-    systems = ["trained", *[s for s in args.baselines.split(",") if s]]
-    if args.ablations:
-        systems += ["no_alignment", "no_director"]
+    baselines = BASELINE_SYSTEMS if args.baselines is None else [s for s in args.baselines.split(",") if s]
+    systems = ["trained", *baselines, *(ABLATIONS if args.ablations else ())]
     scenarios = load_scenarios(args.scenarios or roster_path(args.roster).parent)
     profiles = load_profiles(args.profiles) if args.profiles else list(roster.user_profiles)
     if args.judge_policies:

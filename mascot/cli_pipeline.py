@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+from contextlib import nullcontext
 from pathlib import Path
 
 import yaml
@@ -58,7 +59,7 @@ def _demo(args: argparse.Namespace) -> int:
     scenarios = load_scenarios("emotional_support")
     for name, chosen in (("train-scenarios.jsonl", scenarios[:2]), ("eval-scenarios.jsonl", scenarios[2:5])):
         (folder / name).write_text("".join(json.dumps(s.model_dump()) + "\n" for s in chosen), encoding="utf-8")
-    with start_stub_server() if not args.model else _no_server() as stub:
+    with start_stub_server() if not args.model else nullcontext() as stub:
         judge = ({"model": "stub-judge", "base_url": stub.url, "block_turns": 2} if stub else
                  {"model": model, "block_turns": 2})
         recipe = {
@@ -97,13 +98,3 @@ def _note_model(report: Path, model: str, *, tiny: bool) -> None:
     if not text.startswith("# Evaluation report\n\n> **Demo run.**"):
         report.write_text(text.replace("# Evaluation report\n\n", "# Evaluation report\n\n" + note, 1),
                           encoding="utf-8")
-
-
-class _no_server:
-    """Stands in for the stub server when a real model judges."""
-
-    def __enter__(self) -> None:
-        return None
-
-    def __exit__(self, *exc: object) -> None:
-        return None

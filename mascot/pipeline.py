@@ -118,7 +118,7 @@ def load_recipe(path: str | Path) -> PipelineRecipe:
 def stages(recipe: PipelineRecipe, base: Path) -> list[tuple[str, list[str]]]:
     """Every stage as (name, ``mascot`` arguments), in order."""
     out = _path(recipe.out, base)
-    model = str(_path(recipe.model, base)) if _path(recipe.model, base).exists() else recipe.model
+    model = _model(recipe, base)
     roster = ["--roster", recipe.roster]
     policies = out / "base-policies.yaml"
     local = [*roster, "--policies", str(policies)]
@@ -217,10 +217,14 @@ def run_pipeline(
 
 def _base_policies(recipe: PipelineRecipe, base: Path, out: Path) -> None:
     """The bare base model for every role: what rollouts and candidates sample from."""
-    model = _path(recipe.model, base)
-    reference = str(model) if model.exists() else recipe.model
-    data: dict[str, Any] = {"version": 1, "roles": {"default": {"kind": "local", "model": reference}}}
+    data: dict[str, Any] = {"version": 1, "roles": {"default": {"kind": "local", "model": _model(recipe, base)}}}
     (out / "base-policies.yaml").write_text(yaml.safe_dump(data, sort_keys=False), encoding="utf-8")
+
+
+def _model(recipe: PipelineRecipe, base: Path) -> str:
+    """The base model: a folder (relative to the recipe) when one exists, else a Hub id."""
+    local = _path(recipe.model, base)
+    return str(local) if local.exists() else recipe.model
 
 
 def _judge_flags(judge: JudgeStage, base: Path, prefix: str = "") -> list[str]:

@@ -138,9 +138,11 @@ def create_app(
             if not hmac.compare_digest(given.encode(), f"Bearer {api_key}".encode()):
                 return _error(401, "invalid or missing API key", "AuthenticationError")
         length = request.headers.get("content-length")
-        if length is not None and (not length.isdigit() or int(length) > limits.max_body_bytes):
-            return _error(413, f"request body over {limits.max_body_bytes} bytes", "BadRequestError")
-        if length is None and request.method == "POST" and len(await request.body()) > limits.max_body_bytes:
+        if length is None:  # chunked: read (Starlette keeps it for the endpoint) and measure
+            too_big = request.method == "POST" and len(await request.body()) > limits.max_body_bytes
+        else:
+            too_big = not length.isdigit() or int(length) > limits.max_body_bytes
+        if too_big:
             return _error(413, f"request body over {limits.max_body_bytes} bytes", "BadRequestError")
         return await call_next(request)
 

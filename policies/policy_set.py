@@ -82,6 +82,23 @@ class Policies:
             )
         return spec
 
+    def without_adapters(self) -> Policies:
+        """Every role on the bare base of this file's ``default`` role (adapters off).
+
+        A local base is not loaded twice: the new policies answer from this object's
+        backend (one copy of the weights), loaded here first if it was not yet.
+
+        Raises:
+            PolicyError: if there is no ``default`` role, or its model cannot be loaded.
+        """
+        spec = self.spec("default").model_copy(update={"adapter": None, "version": None})
+        if spec.kind == "local":
+            self.chat_model("default")  # loads the shared backend with every adapter of the file
+        bare = Policies({"default": spec}, self.roster, seed=self.seed, http_client=self._http_client,
+                        http_async_client=self._http_async_client)
+        bare._backends = self._backends
+        return bare
+
     def chat_model(self, role: str) -> BaseChatModel:
         """The chat model that answers for ``role``.
 

@@ -68,6 +68,9 @@ def test_policies_share_one_base(tiny_model: Path, roster) -> None:
     assert {m.adapter for m in speakers.values()} == set(roster.persona_ids)
     assert policies.chat_model("director").adapter is None
     assert isinstance(next(iter(speakers.values())).backend.model.base_model, torch.nn.Module)
+    bare = policies.without_adapters()  # the baselines' policies: the same weights, adapters off
+    assert bare.chat_model("anchor").adapter is None and bare.record("anchor")["adapter"] is None
+    assert bare.chat_model("anchor").backend is speakers["anchor"].backend
 
 
 def test_missing_model_fails_fast_with_the_fix(tmp_path: Path) -> None:

@@ -65,8 +65,7 @@ class DecisionPoint:
 
     def chat(self) -> list[dict[str, Any]]:
         """The prefix as OpenAI messages with persona names (the group RM's context)."""
-        return [{k: v for k, v in m.items() if k in ("role", "content", "name")}
-                for m in openai_messages(list(self.messages))]
+        return _plain(list(self.messages))
 
 
 @dataclass(frozen=True)
@@ -220,9 +219,12 @@ class BlockRollout:
                         turns.extend(values["messages"])
                 if len(turns) >= self.block_turns:
                     break
-        rows = [{k: v for k, v in m.items() if k in ("role", "content", "name")}
-                for m in openai_messages(turns[: self.block_turns])]
-        return Block(point=point, direction=direction, validity=validity, turns=rows)
+        return Block(point=point, direction=direction, validity=validity, turns=_plain(turns[: self.block_turns]))
+
+
+def _plain(messages: list[BaseMessage]) -> list[dict[str, Any]]:
+    """OpenAI messages with only ``role``, ``content`` and ``name`` (no stage directions)."""
+    return [{k: v for k, v in m.items() if k in ("role", "content", "name")} for m in openai_messages(messages)]
 
 
 class _FirstThen(BaseChatModel):

@@ -82,7 +82,7 @@ def system_graphs(
     unknown = [s for s in systems if s not in valid]
     if unknown:
         raise ValueError(f"unknown system(s) {', '.join(unknown)}; valid: {', '.join(valid)}")
-    base = Policies({"default": trained.spec("default")}, roster, seed=trained.seed)
+    base = trained.without_adapters()
     user = trained.chat_model("user")
     common = {"user": user, "max_rounds": plan.max_rounds, "max_speakers_per_round": plan.max_speakers,
               "retry_policy": retry}
@@ -156,12 +156,15 @@ def system_scores(name: str, kind: str, episodes: Sequence[Episode], judgements:
     """Per-episode values of every table column: judge criteria on 0-100 (mean over the
     episode's judged replies or blocks), ``overall``, and the automatic metrics."""
     scores = SystemScores(name=name, kind=kind)
+    judged: dict[tuple[str, str], list[dict[str, Any]]] = {}
+    for j in judgements:
+        if j.get("status") == "ok":
+            judged.setdefault((j.get("rubric"), j.get("episode_id")), []).append(j)
     for rubric_id, rubric in rubrics.items():
         table: dict[str, dict[str, float]] = {c.id: {} for c in rubric.criteria}
         table["overall"] = {}
         for episode in episodes:
-            mine = [j for j in judgements if j.get("episode_id") == episode.id and j.get("rubric") == rubric_id
-                    and j.get("status") == "ok"]
+            mine = judged.get((rubric_id, episode.id), [])
             if not mine:
                 continue
             for criterion in rubric.criteria:

@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 
 from mascot.graphs import create_director_graph
 from mascot.graphs.direction import interpret_direction
-from mascot.rosters import USER, Roster, load_roster
+from mascot.rosters import USER, load_roster
 from mascot.training.judgement import JudgeOutputError, parse_scores
 from mascot.training.rubric import load_rubric
 
