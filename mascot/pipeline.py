@@ -22,6 +22,8 @@ from typing import Any
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from mascot.rosters.yaml_file import YamlFileError, read_yaml
+
 
 class _Section(BaseModel):
     model_config = ConfigDict(extra="forbid")
@@ -100,12 +102,9 @@ def load_recipe(path: str | Path) -> PipelineRecipe:
     """
     path = Path(path)
     try:
-        data = yaml.safe_load(path.read_text(encoding="utf-8"))
-        recipe = PipelineRecipe.model_validate(data)
-    except OSError as exc:
-        raise PipelineError(f"{path}: cannot read ({exc.strerror})") from None
-    except yaml.YAMLError as exc:
-        raise PipelineError(f"{path}: malformed YAML ({str(exc).splitlines()[0]})") from None
+        recipe = PipelineRecipe.model_validate(read_yaml(path))
+    except YamlFileError as exc:
+        raise PipelineError(str(exc)) from None
     except ValidationError as exc:
         error = exc.errors()[0]
         where = ".".join(str(p) for p in error["loc"]) or "(top level)"

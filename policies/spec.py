@@ -5,10 +5,10 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Literal
 
-import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from mascot.rosters import Roster
+from mascot.rosters.yaml_file import YamlFileError, read_yaml
 
 #: Roles every roster has besides its personas. ``default`` answers for any role the
 #: file does not name.
@@ -91,13 +91,9 @@ def load_policy_specs(path: str | Path, roster: Roster | None) -> dict[str, Poli
     """
     path = Path(path).expanduser()
     try:
-        data = yaml.safe_load(path.read_text(encoding="utf-8"))
-    except OSError as exc:
-        raise PolicyError(f"{path}: cannot read policy file ({exc.strerror})") from None
-    except UnicodeDecodeError as exc:
-        raise PolicyError(f"{path}: not UTF-8 text ({exc.reason} at byte {exc.start})") from None
-    except yaml.YAMLError as exc:
-        raise PolicyError(f"{path}: malformed YAML ({str(exc).splitlines()[0]})") from None
+        data = read_yaml(path)
+    except YamlFileError as exc:
+        raise PolicyError(str(exc)) from None
     try:
         policy_file = PolicyFile.model_validate(data)
     except ValidationError as exc:

@@ -7,10 +7,10 @@ from importlib import resources
 from pathlib import Path
 from typing import TypeVar
 
-import yaml
 from pydantic import BaseModel, ValidationError
 
 from mascot.rosters.models import Roster, Scenario, UserProfile
+from mascot.rosters.yaml_file import YamlFileError, read_yaml
 
 _DATA = "data"
 _ROSTER_FILE = "roster.yaml"
@@ -163,14 +163,9 @@ def _unique(items: list[_M], path: Path, what: str) -> list[_M]:
 
 def _read_yaml(path: Path) -> object:
     try:
-        return yaml.safe_load(path.read_text(encoding="utf-8"))
-    except yaml.MarkedYAMLError as exc:
-        line = f":{exc.problem_mark.line + 1}" if exc.problem_mark is not None else ""
-        raise RosterError(f"{path}{line}: malformed YAML ({exc.problem})") from None
-    except yaml.YAMLError as exc:
-        raise RosterError(f"{path}: malformed YAML ({exc})") from None
-    except (OSError, UnicodeDecodeError) as exc:
-        raise RosterError(f"{path}: cannot read file ({exc})") from None
+        return read_yaml(path)
+    except YamlFileError as exc:
+        raise RosterError(str(exc)) from None
 
 
 _B = TypeVar("_B", bound=BaseModel)

@@ -59,7 +59,7 @@ def test_bad_policy_files(tmp_path: Path, roster, data, expected: str) -> None:
 
 
 def test_missing_policy_file(tmp_path: Path, roster) -> None:
-    with pytest.raises(PolicyError, match="cannot read policy file"):
+    with pytest.raises(PolicyError, match="nope.yaml: cannot read file"):
         load_policy_specs(tmp_path / "nope.yaml", roster)
 
 

@@ -63,7 +63,7 @@ def test_flags_override_the_file_and_defaults_fill_the_rest(tmp_path: Path) -> N
     ("seed: 0\n", ["--lora_r", "x"], "argument --lora_r"),
     ("seed: 0\n", ["--load_in_4bit", "true"], "load_in_4bit are not used"),
     ("seed: 0\n", ["--use_peft", "false"], "LoRA adapters only"),
-    ("lora_r: [4\n", [], "while parsing"),
+    ("lora_r: [4\n", [], "r.yaml:2: malformed YAML"),
     ("- a list\n", [], "must contain a YAML mapping"),
 ])
 def test_bad_recipes_fail_in_one_line(text: str, flags: list[str], message: str, tmp_path: Path) -> None:

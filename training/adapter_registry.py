@@ -18,6 +18,7 @@ import yaml
 
 from mascot.policies import PolicyError, load_policy_specs
 from mascot.rosters import Roster
+from mascot.rosters.yaml_file import read_yaml
 
 
 def register_adapter(
@@ -58,7 +59,7 @@ def register_adapter(
     data: dict[str, Any] = {"version": 1, "roles": {"default": {"kind": "local", "model": base}}}
     if path.exists():
         load_policy_specs(path, roster)  # refuse to build on an invalid file
-        data = yaml.safe_load(path.read_text(encoding="utf-8"))
+        data = read_yaml(path)
         data.setdefault("roles", {})
     version = version or datetime.now(UTC).strftime("%Y%m%d-%H%M%S")
     folder = path.parent.resolve()

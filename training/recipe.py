@@ -27,6 +27,8 @@ import yaml
 from peft import LoraConfig
 from trl import ModelConfig, TrlParser
 
+from mascot.rosters.yaml_file import read_yaml
+
 #: The LoRA fields of a recipe, named as in ``trl.ModelConfig``.
 LORA_FIELDS = ("lora_r", "lora_alpha", "lora_dropout", "lora_target_modules")
 #: ``trl.ModelConfig`` fields a recipe may set besides the LoRA ones (the base model).
@@ -133,6 +135,8 @@ class LoraRecipe:
         parser.error = _refuse  # argparse would print the whole usage and exit
         args = ["--config", str(recipe), *flags] if recipe is not None else list(flags)
         try:
+            if recipe is not None:
+                read_yaml(recipe)  # bounded: TRL's parser would expand an alias bomb
             mine, trainer, model, left = parser.parse_args_and_config(args, return_remaining_strings=True)
         except (TypeError, ValueError, OSError, yaml.YAMLError) as exc:
             raise ValueError(str(exc).splitlines()[0]) from None

@@ -19,8 +19,9 @@ from importlib import resources
 from pathlib import Path
 from typing import Any, Literal
 
-import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from mascot.rosters.yaml_file import YamlFileError, read_yaml
 
 #: The score scale of every criterion.
 LEVELS = (1, 2, 3, 4, 5)
@@ -163,14 +164,9 @@ def load_rubric(name_or_path: str | Path) -> Rubric:
                 f"unknown rubric '{text}': not a shipped rubric ({', '.join(list_rubrics())}) and no such file"
             )
     try:
-        data = yaml.safe_load(path.read_text(encoding="utf-8"))
-    except yaml.MarkedYAMLError as exc:
-        line = f":{exc.problem_mark.line + 1}" if exc.problem_mark is not None else ""
-        raise RubricError(f"{path}{line}: malformed YAML ({exc.problem})") from None
-    except yaml.YAMLError as exc:
-        raise RubricError(f"{path}: malformed YAML ({exc})") from None
-    except (OSError, UnicodeDecodeError) as exc:
-        raise RubricError(f"{path}: cannot read file ({exc})") from None
+        data = read_yaml(path)
+    except YamlFileError as exc:
+        raise RubricError(str(exc)) from None
     if not isinstance(data, dict):
         raise RubricError(f"{path}: expected a mapping at the top level, got {type(data).__name__}")
     try:
