@@ -16,6 +16,7 @@ from mascot.cli_options import (
     add_policy_flags,
     err,
     mask_secrets_in_logs,
+    non_negative,
     out,
     policies_from_args,
     positive,
@@ -45,6 +46,9 @@ def add_commands(commands: argparse._SubParsersAction) -> None:
                        help="turns per block for a group rubric (default 4)")
     judge.add_argument("--attempts", type=positive, default=3, metavar="N",
                        help="tries per target when the judge's answer is malformed (default 3)")
+    judge.add_argument("--retries", type=non_negative, default=4, metavar="N",
+                       help="retries of a model call on timeouts, connection errors, 429 and 5xx, "
+                            "with exponential backoff (default 4)")
     judge.add_argument("--concurrency", type=positive, default=8, metavar="C")
     judge.add_argument("--seed", type=int, help="seed for sampling")
     judge.add_argument("--cache", metavar="FILE", help="judgement cache (default: OUT's name + .cache.jsonl)")
@@ -163,7 +167,8 @@ def _judge(args: argparse.Namespace) -> int:
     with exclusive(out_file), JudgementCache(cache_file) as cache, JsonlAppender(out_file, redact=redact) as sink:
         done = {_done_key(r, on_candidates) for _, r in read_jsonl(out_file) if _is_ok(r, on_candidates)}
         judge = Judge(rubric, policies.chat_model("judge"), model_name=model_name,
-                      structured_output=spec.kind == "openai", max_attempts=args.attempts, cache=cache)
+                      structured_output=spec.kind == "openai", max_attempts=args.attempts,
+                      fault_tries=args.retries + 1, cache=cache)
         todo = [t for t in targets if _target_key(t, rubric.target) not in done]
         tally = {"ok": 0, "failed": 0}
         progress = Progress(TextColumn("judging"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),

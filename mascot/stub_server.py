@@ -1,8 +1,9 @@
 """A fast OpenAI-compatible stub chat server that can be slow or misbehave on purpose.
 
 Tests and benchmarks run rollouts against it: it answers late (``latency_s``), fails (HTTP
-500 / 429), stalls past the client's timeout, drops connections, or leaks the caller's
-``Authorization`` header (``echo_auth``). The Director (or any request with
+500, or 429 with ``Retry-After``), stalls past the client's timeout, drops connections, cuts
+a reply off halfway (truncated JSON), or leaks the caller's ``Authorization`` header
+(``echo_auth``). The Director (or any request with
 ``response_format``) gets a JSON stage direction naming a speaker its prompt allows; everyone
 else gets a short sentence. Stdlib only, HTTP/1.1 keep-alive; ``python -m mascot.stub_server``.
 """
@@ -30,7 +31,7 @@ from typing import Any
 
 log = logging.getLogger(__name__)
 
-FAULTS = ("500", "429", "timeout", "disconnect")
+FAULTS = ("500", "429", "timeout", "disconnect", "truncated")
 MODEL = "stub"
 _SPEAKERS = re.compile(r"The speaker must be one of:([^\n]*)")
 _QUOTED = re.compile(r'"([^"\\]+)"')
@@ -47,6 +48,7 @@ _SENTENCES = (
 _ACTIONS = ("validate the feeling", "question the assumption", "suggest a next step", "ask")
 _TONES = ("warm", "curious", "direct", "encouraging")
 _Reply = tuple[int, bytes, dict[str, str]]  # status, body, extra headers
+_CUT = "X-Stub-Cut"  # internal: the reply's full length, when it is to be cut off
 
 
 @dataclass(frozen=True)
@@ -56,9 +58,11 @@ class StubConfig:
     Attributes:
         latency_s: Seconds every request waits before it is answered.
         fail_rate: Probability in [0, 1] that a request gets one of ``faults``.
-        faults: Faults to draw from: "500", "429", "timeout" (stall ``stall_s`` first),
-            "disconnect" (close without answering).
+        faults: Faults to draw from: "500", "429" (with ``Retry-After: retry_after_s``),
+            "timeout" (stall ``stall_s`` first), "disconnect" (close without answering),
+            "truncated" (announce the whole reply, send half of it, close).
         stall_s: Seconds a "timeout" fault stalls before answering normally.
+        retry_after_s: Seconds a 429 asks the client to wait (``Retry-After``).
         seed: Seed of the random draws of faults.
         echo_auth: Leak the request's Authorization header value into every reply.
     """
@@ -67,13 +71,15 @@ class StubConfig:
     fail_rate: float = 0.0
     faults: tuple[str, ...] = FAULTS
     stall_s: float = 30.0
+    retry_after_s: float = 0.0
     seed: int = 0
     echo_auth: bool = False
 
     def __post_init__(self) -> None:
-        if min(self.latency_s, self.stall_s) < 0 or not 0.0 <= self.fail_rate <= 1.0:
-            raise ValueError(f"latency_s={self.latency_s!r} and stall_s={self.stall_s!r} must "
-                             f"be >= 0, fail_rate={self.fail_rate!r} in [0, 1]")
+        if min(self.latency_s, self.stall_s, self.retry_after_s) < 0 or not 0.0 <= self.fail_rate <= 1.0:
+            raise ValueError(f"latency_s={self.latency_s!r}, stall_s={self.stall_s!r} and "
+                             f"retry_after_s={self.retry_after_s!r} must be >= 0, "
+                             f"fail_rate={self.fail_rate!r} in [0, 1]")
         bad = [f for f in self.faults if f not in FAULTS]
         if bad or not self.faults:
             raise ValueError(f"faults={self.faults!r} has unknown or no faults {bad!r}; "
@@ -141,7 +147,8 @@ class _Stub:
         if fault == "500":
             return _error(500, "stub server error (injected)", "server_error")
         if fault == "429":
-            return _error(429, "rate limited (injected)", "rate_limit", **{"Retry-After": "0"})
+            return _error(429, "rate limited (injected)", "rate_limit",
+                          **{"Retry-After": f"{self.config.retry_after_s:g}"})
         if fault == "timeout":
             await asyncio.sleep(self.config.stall_s)
         if method == "GET" and path == "/v1/models":
@@ -153,6 +160,9 @@ class _Stub:
             result = _error(404, f"no route {method} {path}", "not_found")
         if fault is None:
             self.counts["ok" if result[0] == 200 else "errors"] += 1
+        if fault == "truncated":
+            status, data, extra = result
+            return status, data, {**extra, _CUT: str(len(data))}
         return result
 
     def chat(self, raw: bytes, auth: str) -> _Reply:
@@ -204,7 +214,12 @@ class _Stub:
                 if result is None:
                     return
                 status, data, extra = result
-                close = headers.get("connection", "").lower() == "close" or version == "HTTP/1.0"
+                cut = _CUT in extra
+                if cut:  # announce the whole body, send half of it, hang up
+                    data = data[:len(data) // 2]
+                    extra = {k: v for k, v in extra.items() if k != _CUT}
+                    extra["Content-Length"] = result[2][_CUT]
+                close = cut or headers.get("connection", "").lower() == "close" or version == "HTTP/1.0"
                 extra = {"Content-Type": "application/json", "Content-Length": str(len(data)),
                          "Connection": "close" if close else "keep-alive", **extra}
                 lines = [f"HTTP/1.1 {status} {HTTPStatus(status).phrase}"]
@@ -373,6 +388,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--fail-rate", type=float, default=0.0, help="probability of a fault")
     parser.add_argument("--faults", default=",".join(FAULTS), help="comma-separated faults")
     parser.add_argument("--stall", type=float, default=30.0, help="seconds a timeout stalls")
+    parser.add_argument("--retry-after", type=float, default=0.0, help="Retry-After of a 429, seconds")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--echo-auth", action="store_true", help="leak Authorization header")
     args = parser.parse_args(argv)
@@ -382,7 +398,7 @@ def main(argv: list[str] | None = None) -> None:
         sys.exit(2)
     try:
         config = StubConfig(args.latency, args.fail_rate, tuple(args.faults.split(",")),
-                            args.stall, args.seed, args.echo_auth)
+                            args.stall, args.retry_after, args.seed, args.echo_auth)
     except ValueError as exc:
         parser.error(str(exc))
 

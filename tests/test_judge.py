@@ -243,10 +243,33 @@ def test_all_attempts_bad_gives_failed_judgement_without_scores(roster: Roster) 
 
 def test_transient_fault_fails_the_judgement_and_a_bug_raises(roster: Roster) -> None:
     target = reply_targets(make_episode(), roster)[0]
-    judgement = Judge("persona", FailingChat(error=ConnectionError("refused")), model_name="fake").judge(target)
+    failing = FailingChat(error=ConnectionError("refused"))
+    judgement = Judge("persona", failing, model_name="fake", fault_tries=2).judge(target)
     assert judgement.status == "failed" and judgement.error == "ConnectionError: refused"
     with pytest.raises(RuntimeError, match="bug"):
         Judge("persona", FailingChat(error=RuntimeError("bug")), model_name="fake").judge(target)
+
+
+class FlakyChat(ScriptedChat):
+    """Raises a transient fault on the first ``faults`` calls, then answers its script."""
+
+    faults: int = 2
+    tries: int = 0
+
+    def _generate(self, messages: list[BaseMessage], stop: Any = None, run_manager: Any = None, **kw: Any) -> ChatResult:
+        self.tries += 1
+        if self.tries <= self.faults:
+            raise ConnectionError("dropped")
+        return super()._generate(messages, stop, run_manager, **kw)
+
+
+@pytest.mark.parametrize("asynchronous", [False, True])
+def test_transient_faults_are_retried_within_the_run(roster: Roster, asynchronous: bool) -> None:
+    target = reply_targets(make_episode(), roster)[0]
+    model = FlakyChat(replies=[GOOD])
+    judge = Judge("persona", model, model_name="fake", fault_tries=3)
+    judgement = asyncio.run(judge.ajudge(target)) if asynchronous else judge.judge(target)
+    assert judgement.status == "ok" and model.tries == 3
 
 
 def test_rubric_and_target_kind_must_match(roster: Roster) -> None:

@@ -148,6 +148,24 @@ def test_disconnect_fault_drops_the_connection() -> None:
                                 "faults": {"disconnect": 1}}
 
 
+def test_truncated_fault_cuts_the_body_halfway() -> None:
+    with start_stub_server(StubConfig(fail_rate=1.0, faults=("truncated",))) as cut:
+        with pytest.raises(httpx.RemoteProtocolError):
+            post(cut, {"model": "stub", "messages": [{"role": "user", "content": "hi"}]})
+        with pytest.raises(openai.APIConnectionError):
+            chat(cut.url).invoke("hi")
+        assert cut.stats()["faults"] == {"truncated": 2}
+
+
+def test_rate_limit_retry_after_is_honoured_by_the_client() -> None:
+    with start_stub_server(StubConfig(fail_rate=1.0, faults=("429",), retry_after_s=0.6)) as limited:
+        start = time.perf_counter()
+        with pytest.raises(openai.RateLimitError):
+            ChatOpenAI(base_url=limited.url, api_key="x", model="stub", max_retries=1).invoke("hi")
+        assert time.perf_counter() - start >= 0.6  # one retry, after the server's Retry-After
+        assert limited.stats()["faults"] == {"429": 2}
+
+
 def test_fault_rate_is_plausible_and_stats_add_up() -> None:
     config = StubConfig(fail_rate=0.3, faults=("500", "429"), seed=7)
     with start_stub_server(config) as flaky, httpx.Client(timeout=5) as client:

@@ -34,9 +34,9 @@ from mascot.training.judgement import (
     judge_json,
     parse_scores,
 )
-from mascot.training.retry import transient_error
+from mascot.training.retry import aretry_transient, retry_transient, transient_error
 from mascot.training.rubric import LEVELS, Rubric, load_rubric
-from mascot.training.targets import BlockTarget, ReplyTarget, Target
+from mascot.training.targets import Target
 
 logger = logging.getLogger(__name__)
 
@@ -93,14 +93,14 @@ def _model_output(output: Any) -> tuple[AIMessage, dict[str, Any] | None]:
     return output["raw"], output["parsed"] if isinstance(output.get("parsed"), dict) else None
 
 
-def _run(model: Runnable, ask: _Ask) -> _Ask:
-    while not ask.answer(model.invoke(ask.messages)):
+def _run(model: Runnable, ask: _Ask, tries: int) -> _Ask:
+    while not ask.answer(retry_transient(lambda: model.invoke(ask.messages), tries)):
         pass
     return ask
 
 
-async def _arun(model: Runnable, ask: _Ask) -> _Ask:
-    while not ask.answer(await model.ainvoke(ask.messages)):
+async def _arun(model: Runnable, ask: _Ask, tries: int) -> _Ask:
+    while not ask.answer(await aretry_transient(lambda: model.ainvoke(ask.messages), tries)):
         pass
     return ask
 
@@ -142,6 +142,7 @@ class Judge:
         model_name: str | None = None,
         structured_output: bool = False,
         max_attempts: int = 3,
+        fault_tries: int = 5,
         cache: JudgementCache | None = None,
     ) -> None:
         """Set up the judge; nothing is called yet.
@@ -155,20 +156,23 @@ class Judge:
                 (``with_structured_output(method="json_schema")``, OpenAI-compatible
                 servers) instead of prompting for a JSON object.
             max_attempts: Model calls per question; a malformed answer is re-asked.
+            fault_tries: Tries per model call when the server fails transiently (5xx,
+                429, timeouts, dropped connections), with backoff; then the judgement
+                fails and is retried by the next run.
             cache: Where final judgements are kept and looked up.
 
         Raises:
             RubricError: if the rubric cannot be loaded.
-            ValueError: if ``max_attempts`` < 1 or the model's name is unknown.
+            ValueError: if ``max_attempts`` or ``fault_tries`` < 1, or the model's name is unknown.
         """
         self.rubric = rubric if isinstance(rubric, Rubric) else load_rubric(rubric)
-        if max_attempts < 1:
-            raise ValueError(f"max_attempts must be >= 1, got {max_attempts}")
+        if min(max_attempts, fault_tries) < 1:
+            raise ValueError(f"max_attempts and fault_tries must be >= 1, got {max_attempts} and {fault_tries}")
         # chat models report their model name (for tracing) through _get_ls_params
         self.model_name: str = model_name or model._get_ls_params().get("ls_model_name") or ""
         if not self.model_name:
             raise ValueError(f"cannot tell the name of the {type(model).__name__} judge model; pass model_name=")
-        self.max_attempts = max_attempts
+        self.max_attempts, self.fault_tries = max_attempts, fault_tries
         self.cache = cache
         self._scorer: Runnable = model
         self._comparer: Runnable = model
@@ -206,7 +210,7 @@ class Judge:
             return cached
         ask = _Ask(messages, lambda out: parse_scores(out, self.rubric), self.max_attempts)
         try:
-            await _arun(self._scorer, ask)
+            await _arun(self._scorer, ask, self.fault_tries)
         except Exception as exc:
             if not transient_error(exc):
                 raise
@@ -220,7 +224,7 @@ class Judge:
             return cached
         ask = _Ask(messages, lambda out: parse_scores(out, self.rubric), self.max_attempts)
         try:
-            _run(self._scorer, ask)
+            _run(self._scorer, ask, self.fault_tries)
         except Exception as exc:
             if not transient_error(exc):
                 raise
@@ -271,14 +275,14 @@ class Judge:
         """
         asks = [self._compare_ask(a, b), self._compare_ask(b, a)]
         for ask in asks:
-            await _arun(self._comparer, ask)
+            await _arun(self._comparer, ask, self.fault_tries)
         return self._comparison(asks)
 
     def compare(self, a: Target, b: Target) -> Comparison:
         """Synchronous ``acompare``."""
         asks = [self._compare_ask(a, b), self._compare_ask(b, a)]
         for ask in asks:
-            _run(self._comparer, ask)
+            _run(self._comparer, ask, self.fault_tries)
         return self._comparison(asks)
 
     def _system(self) -> str:

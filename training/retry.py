@@ -1,12 +1,21 @@
-"""Model-server faults: which errors are worth retrying, and the graph's retry policy."""
+"""Model-server faults: which errors are worth retrying, the graph's retry policy, and
+retrying one call (with backoff that honours ``Retry-After``)."""
 
 from __future__ import annotations
 
 import asyncio
+import logging
+import random
+import time
+from collections.abc import Awaitable, Callable
+from typing import TypeVar
 
 import httpx
 import openai
 from langgraph.types import RetryPolicy
+
+logger = logging.getLogger(__name__)
+T = TypeVar("T")
 
 #: HTTP statuses a server may answer differently a moment later.
 _TRANSIENT_STATUS = frozenset({408, 409, 425, 429, 500, 502, 503, 504})
@@ -73,3 +82,54 @@ def model_retry_policy(
         jitter=True,
         retry_on=transient_error,
     )
+
+
+
+def retry_wait(error: BaseException, attempt: int, *, initial_interval: float = 0.5,
+               max_interval: float = 8.0) -> float:
+    """Seconds to wait before retry number ``attempt`` (1-based) after ``error``.
+
+    Exponential backoff with full jitter, but never less than a server's ``Retry-After``
+    (seconds, at most 60) when the error carries one.
+    """
+    wait = random.uniform(0, min(max_interval, initial_interval * 2 ** (attempt - 1)))
+    response = getattr(error, "response", None)
+    header = response.headers.get("retry-after") if isinstance(response, httpx.Response) else None
+    try:
+        asked = float(header) if header is not None else 0.0
+    except ValueError:
+        asked = 0.0  # an HTTP date: fall back to backoff
+    return max(wait, min(asked, 60.0))
+
+
+async def aretry_transient(call: Callable[[], Awaitable[T]], attempts: int, *, initial_interval: float = 0.5,
+                           max_interval: float = 8.0) -> T:
+    """Await ``call()``, calling it again on a transient fault, ``attempts`` tries in all.
+
+    Raises:
+        Exception: the last fault when every try failed, or any other error at once.
+    """
+    for attempt in range(1, attempts + 1):
+        try:
+            return await call()
+        except Exception as exc:
+            if attempt == attempts or not transient_error(exc):
+                raise
+            wait = retry_wait(exc, attempt, initial_interval=initial_interval, max_interval=max_interval)
+            logger.info("transient fault (%s), try %d/%d again in %.2fs", type(exc).__name__, attempt + 1,
+                        attempts, wait)
+            await asyncio.sleep(wait)
+    raise AssertionError("unreachable")
+
+
+def retry_transient(call: Callable[[], T], attempts: int, *, initial_interval: float = 0.5,
+                    max_interval: float = 8.0) -> T:
+    """``call()``, called again on a transient fault; see ``aretry_transient``."""
+    for attempt in range(1, attempts + 1):
+        try:
+            return call()
+        except Exception as exc:
+            if attempt == attempts or not transient_error(exc):
+                raise
+            time.sleep(retry_wait(exc, attempt, initial_interval=initial_interval, max_interval=max_interval))
+    raise AssertionError("unreachable")
