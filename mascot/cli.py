@@ -94,7 +94,9 @@ class _ConsoleHandler(logging.Handler):
 
 
 def _fail(message: str) -> int:
-    err.print(f"mascot: error: {masked(message)}", markup=False)
+    """Print one error line (line breaks and control characters from the input escaped); exit code 2."""
+    one_line = "".join(c if c.isprintable() else c.encode("unicode_escape").decode() for c in masked(message))
+    err.print(f"mascot: error: {one_line}", markup=False)
     return 2
 
 

@@ -151,6 +151,7 @@ def recipe_from_args(config_class: Any, args: argparse.Namespace) -> tuple[Any, 
     Raises:
         UsageError: on a recipe file that is missing or invalid, or a bad flag.
     """
+    from mascot.rosters.yaml_file import YamlFileError
     from mascot.training.recipe import recipe_path
 
     try:
@@ -159,6 +160,8 @@ def recipe_from_args(config_class: Any, args: argparse.Namespace) -> tuple[Any, 
         raise UsageError(f"--config: {exc}") from None
     try:
         config, model = config_class.parse(recipe, args.trainer_flags)
+    except YamlFileError as exc:  # names the file already
+        raise UsageError(f"--config {exc}") from None
     except ValueError as exc:
         raise UsageError(f"{'--config ' + args.config if args.config else 'recipe flags'}: {exc}") from None
     return config, args.base or model or DEFAULT_MODEL

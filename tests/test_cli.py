@@ -81,7 +81,7 @@ def test_graph_command() -> None:
         (["chat", "--roster", "emotional_support", "--base-url", "http://127.0.0.1:9/v1", "--message", "hi"],
          "--base-url needs --model"),
         (["chat", "--roster", "emotional_support", "--policies", "/nonexistent.yaml", "--message", "hi"],
-         "cannot read policy file"),
+         "cannot read file"),
         (["chat", "--roster", "emotional_support", "--max-rounds", "0"], "must be >= 1"),
         (["rosters", "check", "/nonexistent/roster.yaml"], "unknown roster"),
     ],

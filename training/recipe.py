@@ -121,6 +121,7 @@ class LoraRecipe:
             ``model_name_or_path`` (``None`` if not set).
 
         Raises:
+            YamlFileError: if the file cannot be read as YAML (one line naming it).
             ValueError: on an unknown key or flag, a bad value, or a ``ModelConfig`` field
                 other than the LoRA ones (one line).
         """
@@ -134,9 +135,9 @@ class LoraRecipe:
                             lora_target_modules=["all-linear"])
         parser.error = _refuse  # argparse would print the whole usage and exit
         args = ["--config", str(recipe), *flags] if recipe is not None else list(flags)
+        if recipe is not None:
+            read_yaml(recipe)  # bounded: TRL's parser would expand an alias bomb
         try:
-            if recipe is not None:
-                read_yaml(recipe)  # bounded: TRL's parser would expand an alias bomb
             mine, trainer, model, left = parser.parse_args_and_config(args, return_remaining_strings=True)
         except (TypeError, ValueError, OSError, yaml.YAMLError) as exc:
             raise ValueError(str(exc).splitlines()[0]) from None
