@@ -9,7 +9,11 @@ Director, JSONL appends). The ideal rate at concurrency ``c`` is
 latency were the only cost. Also measured side by side: the bare OpenAI client at the same
 concurrency, the ceiling of one process's client stack on this machine.
 
-    .venv/bin/python bench/rollout_concurrency.py [--latency 0.1] [--concurrency 1 8 32 64]
+Every configuration runs ``--repeats`` times (interleaved: 1 process, workers, bare client,
+then again); the table shows the median episodes/s, its min-max spread over the repeats, and
+the median as a share of the ideal.
+
+    .venv/bin/python bench/rollout_concurrency.py [--latency 0.1] [--concurrency 1 8 32 64] [--repeats 3]
 """
 
 from __future__ import annotations
@@ -19,6 +23,7 @@ import asyncio
 import json
 import os
 import re
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -48,10 +53,9 @@ def requests_served(url: str) -> int:
         return int(json.load(response)["requests"])
 
 
-def rollout(url: str, concurrency: int, episodes: int, rounds: int, workers: int, folder: Path) -> tuple[float, float]:
-    """One ``mascot rollout``; returns (episodes per second as it reports, calls per episode)."""
+def rollout(url: str, concurrency: int, episodes: int, rounds: int, workers: int, out: Path) -> tuple[float, float]:
+    """One ``mascot rollout`` into a new file ``out``; returns (episodes/s as it reports, calls per episode)."""
     before = requests_served(url)
-    out = folder / f"c{concurrency}-w{workers}.jsonl"
     result = subprocess.run(
         [MASCOT, "rollout", "--roster", "emotional_support", "--base-url", url, "--model", "stub",
          "--max-tokens", "64", "--episodes", str(episodes), "--concurrency", str(concurrency),
@@ -85,6 +89,12 @@ async def bare_client(url: str, concurrency: int, seconds: float = 5.0) -> float
     return rate
 
 
+def spread(rates: list[float], ideal: float) -> str:
+    """A rate column: median, min-max over the repeats, median as a share of the ideal."""
+    median = statistics.median(rates)
+    return f"{median:>6.2f} [{min(rates):.2f}-{max(rates):.2f}] ({median / ideal:>4.0%})"
+
+
 def main() -> None:
     """Print the throughput table."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -93,22 +103,36 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=2, help="person turns per episode")
     parser.add_argument("--waves", type=int, default=4, help="episodes per run = waves x concurrency")
     parser.add_argument("--workers", type=int, default=2, help="processes of the second column")
+    parser.add_argument("--repeats", type=int, default=3, help="runs of each configuration")
     args = parser.parse_args()
+    if args.repeats < 1:
+        parser.error(f"--repeats must be >= 1, got {args.repeats}")
     server, url = start_server(args.latency)
     try:
         with tempfile.TemporaryDirectory() as folder:
             print(f"stub server latency {args.latency * 1000:.0f} ms, {args.rounds} rounds per episode, "
-                  f"{os.cpu_count()} cores; ep/s as `mascot rollout` reports it (% of ideal)")
-            print(f"{'concurrency':>11} {'calls/ep':>8} {'ideal ep/s':>10} {'1 process':>16} "
-                  f"{f'{args.workers} workers':>16} {'bare client':>16}")
+                  f"{os.cpu_count()} cores, {args.repeats} repeats; ep/s as `mascot rollout` reports it: "
+                  f"median [min-max] (median as % of ideal)")
+            width = 25
+            print(f"{'concurrency':>11} {'calls/ep':>8} {'ideal ep/s':>10} {'1 process':>{width}} "
+                  f"{f'{args.workers} workers':>{width}} {'bare client':>{width}}")
             for concurrency in args.concurrency:
                 episodes = max(4, args.waves * concurrency)
-                one, calls = rollout(url, concurrency, episodes, args.rounds, 1, Path(folder))
-                many, _ = rollout(url, concurrency, episodes, args.rounds, args.workers, Path(folder))
-                ideal = concurrency / (calls * args.latency)
-                bare = asyncio.run(bare_client(url, concurrency)) / calls  # as episodes/s
-                print(f"{concurrency:>11} {calls:>8.1f} {ideal:>10.2f} "
-                      + " ".join(f"{rate:>8.2f} ({rate / ideal:>4.0%})" for rate in (one, many, bare)))
+                rates: dict[str, list[float]] = {"one": [], "many": [], "bare": []}
+                calls: list[float] = []
+                for repeat in range(args.repeats):
+                    # a new output file per run: the same file would resume, finding every episode done
+                    for key, workers in (("one", 1), ("many", args.workers)):
+                        out = Path(folder) / f"c{concurrency}-w{workers}-r{repeat}.jsonl"
+                        rate, per_episode = rollout(url, concurrency, episodes, args.rounds, workers, out)
+                        rates[key].append(rate)
+                        calls.append(per_episode)
+                    rates["bare"].append(asyncio.run(bare_client(url, concurrency)))
+                per_episode = statistics.median(calls)
+                ideal = concurrency / (per_episode * args.latency)
+                rates["bare"] = [rate / per_episode for rate in rates["bare"]]  # as episodes/s
+                print(f"{concurrency:>11} {per_episode:>8.1f} {ideal:>10.2f} "
+                      + " ".join(f"{spread(rates[key], ideal):>{width}}" for key in ("one", "many", "bare")))
     finally:
         server.terminate()
         server.wait(timeout=10)
