@@ -7,12 +7,13 @@ from typing import Any
 
 from langchain_core.language_models import BaseChatModel
 from langchain_core.messages import AIMessage, BaseMessage, HumanMessage
-from langchain_core.runnables import Runnable, RunnableLambda
+from langchain_core.runnables import Runnable
 from langgraph.graph import START, StateGraph
 from langgraph.types import Command, RetryPolicy
 from openai import LengthFinishReasonError
 
 from mascot.graphs.direction import DIRECTION_SCHEMA, StageDirection, interpret_direction
+from mascot.graphs.node import Node
 from mascot.graphs.prompts import director_messages
 from mascot.graphs.speaker import speaker_node
 from mascot.graphs.state import DirectorState, persona_speakers
@@ -112,7 +113,7 @@ def create_director_graph(
             output = _cut_reply(exc)
         return decide(state, output)
 
-    node = RunnableLambda(direct, afunc=adirect, name=DIRECTOR_NODE)
+    node = Node(DIRECTOR_NODE, direct, adirect)
     return assemble_graph(
         roster, node, speakers=speakers, user=user, max_rounds=max_rounds, retry_policy=retry_policy
     )
@@ -141,7 +142,7 @@ def rule_director(
             raise ValueError("a direction rule handed back before a persona spoke")
         return _route(state, direction)
 
-    return RunnableLambda(direct, name=DIRECTOR_NODE)
+    return Node(DIRECTOR_NODE, direct)
 
 
 def assemble_graph(
@@ -188,7 +189,8 @@ def assemble_graph(
         destinations=(DIRECTOR_NODE, "__end__"),
         retry_policy=retry_policy,
     )
-    graph.add_conditional_edges(START, _entry, [DIRECTOR_NODE, USER_NODE])
+    # a Node, not the bare function, so that the check runs without a callback run of its own
+    graph.add_conditional_edges(START, Node("_entry", _entry), [DIRECTOR_NODE, USER_NODE])
     return graph
 
 

@@ -8,9 +8,9 @@ from typing import Any
 
 from langchain_core.language_models import BaseChatModel
 from langchain_core.messages import AIMessage, BaseMessage
-from langchain_core.runnables import RunnableLambda
 
 from mascot.graphs.direction import StageDirection
+from mascot.graphs.node import Node
 from mascot.graphs.prompts import speaker_messages
 from mascot.graphs.reply import clean_reply, speaker_labels, user_labels
 from mascot.graphs.state import DirectorState
@@ -19,7 +19,7 @@ from mascot.rosters import Persona, Roster
 logger = logging.getLogger(__name__)
 
 
-def speaker_node(roster: Roster, persona: Persona, model: BaseChatModel) -> RunnableLambda:
+def speaker_node(roster: Roster, persona: Persona, model: BaseChatModel) -> Node:
     """Build the node in which ``persona`` speaks, following the latest stage direction.
 
     The reply is attributed to the persona (``name=<persona id>``), carries the
@@ -34,7 +34,7 @@ def speaker_node(roster: Roster, persona: Persona, model: BaseChatModel) -> Runn
         model: The chat model that writes the persona's turns.
 
     Returns:
-        A runnable node with sync and async paths.
+        A node with sync and async paths.
     """
     own = speaker_labels(persona.id, persona.name)
     others = user_labels() + speaker_labels(
@@ -80,4 +80,4 @@ def speaker_node(roster: Roster, persona: Persona, model: BaseChatModel) -> Runn
         reply = await model.ainvoke(messages)
         return finish(state, direction, reply, time.perf_counter() - start)
 
-    return RunnableLambda(speak, afunc=aspeak, name=persona.id)
+    return Node(persona.id, speak, aspeak)

@@ -7,10 +7,10 @@ from typing import Any, Literal
 
 from langchain_core.language_models import BaseChatModel
 from langchain_core.messages import BaseMessage, HumanMessage
-from langchain_core.runnables import RunnableLambda
 from langgraph.graph import END
 from langgraph.types import Command, interrupt
 
+from mascot.graphs.node import Node
 from mascot.graphs.prompts import user_simulator_messages
 from mascot.graphs.reply import clean_reply, speaker_labels, user_labels
 from mascot.graphs.state import DirectorState
@@ -24,7 +24,7 @@ USER_NODE = "user"
 UserKind = BaseChatModel | Literal["human"] | None
 
 
-def user_node(roster: Roster, user: UserKind, *, max_rounds: int, next_node: str) -> RunnableLambda:
+def user_node(roster: Roster, user: UserKind, *, max_rounds: int, next_node: str) -> Node:
     """Build the node where a round ends and the person speaks.
 
     Ending a round increments ``round`` and resets ``round_turns``. Then, unless
@@ -44,7 +44,7 @@ def user_node(roster: Roster, user: UserKind, *, max_rounds: int, next_node: str
         next_node: Where the conversation continues after the person spoke.
 
     Returns:
-        A runnable node that returns ``Command(goto=next_node | END)``.
+        A node that returns ``Command(goto=next_node | END)``.
     """
     own = user_labels()
     others = speaker_labels(*(label for p in roster.personas for label in (p.id, p.name)))
@@ -104,4 +104,4 @@ def user_node(roster: Roster, user: UserKind, *, max_rounds: int, next_node: str
             return done
         return reply_command(update, (await user.ainvoke(prompt(state))).text)
 
-    return RunnableLambda(take_turn, afunc=atake_turn, name=USER_NODE)
+    return Node(USER_NODE, take_turn, atake_turn)

@@ -5,8 +5,10 @@ import json
 import sqlite3
 from pathlib import Path
 from typing import Annotated, TypedDict
+from uuid import UUID
 
 import pytest
+from langchain_core.callbacks import BaseCallbackHandler
 from langchain_core.messages import AIMessage, AIMessageChunk, AnyMessage, HumanMessage
 from langgraph.checkpoint.memory import InMemorySaver
 from langgraph.checkpoint.sqlite import SqliteSaver
@@ -200,6 +202,49 @@ def test_streaming_messages_and_updates(roster) -> None:
             updates.append(next(iter(chunk)))
     assert len(tokens) >= 5 and "".join(tokens).strip() == "I am right here with you"
     assert updates == ["director", "anchor", "director", "user"]
+
+
+class RunLog(BaseCallbackHandler):
+    """Records (kind, run name, parent run name) of every chain and chat model run."""
+
+    def __init__(self) -> None:
+        self.names: dict[UUID, str] = {}
+        self.runs: list[tuple[str, str, str | None]] = []
+
+    def on_chain_start(self, serialized, inputs, *, run_id: UUID, parent_run_id: UUID | None = None, **kw) -> None:
+        self.names[run_id] = kw["name"]
+        self.runs.append(("chain", kw["name"], self.names.get(parent_run_id)))
+
+    def on_chat_model_start(self, serialized, messages, *, run_id: UUID, parent_run_id: UUID | None = None,
+                            **kw) -> None:
+        self.runs.append(("model", kw["metadata"]["langgraph_node"], self.names.get(parent_run_id)))
+
+
+def test_async_streaming_and_one_traced_run_per_node(roster) -> None:
+    def graph():
+        director = ScriptedChat(replies=[d("anchor"), d(USER)])
+        return create_director_graph(roster, director=director,
+                                     speakers=ScriptedChat(replies=["I am right here with you"])).compile()
+
+    async def tokens() -> list[str]:
+        return [chunk.text async for chunk, meta in graph().astream({"messages": [HumanMessage("hi")]},
+                                                                   stream_mode="messages")
+                if meta["langgraph_node"] == "anchor" and isinstance(chunk, AIMessageChunk)]
+
+    streamed = asyncio.run(tokens())
+    assert len(streamed) >= 5 and "".join(streamed).strip() == "I am right here with you"
+    sync_log, async_log = RunLog(), RunLog()
+    graph().invoke({"messages": [HumanMessage("hi")]}, {"callbacks": [sync_log]})
+    asyncio.run(graph().ainvoke({"messages": [HumanMessage("hi")]}, {"callbacks": [async_log]}))
+    # one run per node task (none for the entry branch), each model call directly under it
+    expected = [
+        ("chain", "LangGraph", None), ("chain", "__start__", "LangGraph"),
+        ("chain", "director", "LangGraph"), ("model", "director", "director"),
+        ("chain", "anchor", "LangGraph"), ("model", "anchor", "anchor"),
+        ("chain", "director", "LangGraph"), ("model", "director", "director"),
+        ("chain", "user", "LangGraph"),
+    ]
+    assert sync_log.runs == expected and async_log.runs == expected
 
 
 def test_async_invoke(roster) -> None:
