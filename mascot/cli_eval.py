@@ -5,8 +5,8 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from mascot.cli_options import UsageError, err, mask_secrets_in_logs, out, positive
-from mascot.policies import Policies, PolicySpec
+from mascot.cli_options import UsageError, err, mask_secrets_in_logs, out, positive, spec_from_flags
+from mascot.policies import Policies
 from mascot.rosters import load_profiles, load_roster, load_scenarios, roster_path
 from mascot.training.retry import model_retry_policy
 
@@ -65,7 +65,7 @@ def _eval(args: argparse.Namespace) -> int:
         fields = {"kind": kind, "model": args.judge_model, "temperature": 0.0, "max_tokens": 512}
         if kind == "openai":
             fields.update(base_url=args.judge_base_url, api_key_env=args.judge_api_key_env)
-        judge_policies = Policies({"judge": PolicySpec(**fields)}, roster, seed=args.seed)
+        judge_policies = Policies({"judge": spec_from_flags(fields, "--judge-")}, roster, seed=args.seed)
     mask_secrets_in_logs(trained)
     mask_secrets_in_logs(judge_policies)
     folder = Path(args.out)

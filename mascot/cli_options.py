@@ -11,7 +11,7 @@ from rich.console import Console
 
 from mascot.policies import Policies, PolicySpec, load_policy_specs
 from mascot.rosters import Roster
-from mascot.training.redaction import RedactingFilter, Redactor
+from mascot.training.redaction import RedactingFilter, Redactor, add_secret_variables, file_redactor
 
 DEFAULT_MODEL = "Qwen/Qwen3-0.6B"
 #: Values of the tuning flags when neither they nor a policy file set them.
@@ -89,27 +89,32 @@ def policies_from_args(args: argparse.Namespace, roster: Roster) -> Policies:
     given = {k: getattr(args, k) for k in _DEFAULTS if getattr(args, k) is not None}
     if args.policies:
         specs = load_policy_specs(args.policies, roster)
-        return Policies({role: _spec({**spec.model_dump(), **given}) for role, spec in specs.items()},
+        return Policies({role: spec_from_flags({**spec.model_dump(), **given}) for role, spec in specs.items()},
                         roster, seed=args.seed)
     tuning = {**_DEFAULTS, **given}
     if args.base_url:
         if not args.model:
             raise UsageError("--base-url needs --model NAME (the served model or adapter name)")
-        spec = _spec(dict(kind="openai", model=args.model, base_url=args.base_url,
+        spec = spec_from_flags(dict(kind="openai", model=args.model, base_url=args.base_url,
                           api_key_env=args.api_key_env, **tuning))
     else:
         if args.api_key_env:
             raise UsageError("--api-key-env only applies with --base-url")
-        spec = _spec(dict(kind="local", model=args.model or DEFAULT_MODEL, **tuning))
+        spec = spec_from_flags(dict(kind="local", model=args.model or DEFAULT_MODEL, **tuning))
     return Policies.single(spec, roster, seed=args.seed)
 
 
-def _spec(fields: dict[str, object]) -> PolicySpec:
+def spec_from_flags(fields: dict[str, object], flag_prefix: str = "--") -> PolicySpec:
+    """A policy spec from command-line values.
+
+    Raises:
+        UsageError: naming the flag (``flag_prefix`` + the field) of the first bad value.
+    """
     try:
         return PolicySpec.model_validate(fields)
     except ValidationError as exc:
         error = exc.errors()[0]
-        raise UsageError(f"--{str(error['loc'][0]).replace('_', '-')}: {error['msg']}") from None
+        raise UsageError(f"{flag_prefix}{str(error['loc'][0]).replace('_', '-')}: {error['msg']}") from None
 
 
 def mask_secrets_in_logs(policies: Policies | None = None) -> Redactor:
@@ -118,7 +123,8 @@ def mask_secrets_in_logs(policies: Policies | None = None) -> Redactor:
     files too."""
     global _redactor
     names = [spec.api_key_env for spec in (policies.specs.values() if policies else ()) if spec.api_key_env]
-    _redactor = Redactor.from_environment(names)
+    add_secret_variables(names)
+    _redactor = file_redactor()
     log_filter = RedactingFilter(_redactor)
     for handler in logging.getLogger().handlers:
         handler.addFilter(log_filter)

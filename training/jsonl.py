@@ -19,6 +19,8 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+from mascot.training.redaction import file_redactor
+
 logger = logging.getLogger(__name__)
 
 
@@ -145,8 +147,9 @@ class JsonlAppender:
 
         Args:
             path: The JSONL file.
-            redact: Applied to every string value of a record (e.g. to mask secrets);
-                keys and structure are never touched.
+            redact: Applied to every string value of a record; keys and structure are
+                never touched. Default: ``file_redactor()``, which masks API keys from the
+                environment (a model server may echo one back into a reply).
             fsync: Flush every record to disk (crash safety) or leave it to the OS.
             repair: Repair a torn tail first. Turn off when other processes append to
                 the file at the same time (one of them repairs it before they start).
@@ -161,7 +164,7 @@ class JsonlAppender:
             self._fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
         except OSError as exc:
             raise JsonlError(f"cannot write {self.path} ({exc.strerror})") from None
-        self._redact = redact
+        self._redact = redact if redact is not None else file_redactor()
         self._fsync = fsync
         self._lock = threading.Lock()
 
@@ -203,11 +206,13 @@ def _map_strings(value: Any, change: Callable[[str], str]) -> Any:
 
 
 def rewrite_jsonl(path: str | Path, records: Iterable[dict[str, Any]]) -> None:
-    """Replace a JSONL file with ``records`` atomically (temporary file, then rename).
+    """Replace a JSONL file with ``records`` atomically (temporary file, then rename), API
+    keys masked as by ``JsonlAppender``.
 
     A crash leaves either the old file or the new one, never a mix.
     """
     path = Path(path)
+    redact = file_redactor()
     mode = path.stat().st_mode & 0o777 if path.exists() else 0o644
     handle = tempfile.NamedTemporaryFile(
         "w", encoding="utf-8", dir=path.parent, prefix=f".{path.name}.", delete=False
@@ -215,6 +220,7 @@ def rewrite_jsonl(path: str | Path, records: Iterable[dict[str, Any]]) -> None:
     try:
         with handle:
             for record in records:
+                record = _map_strings(record, redact) if redact else record
                 handle.write(json.dumps(record, ensure_ascii=False, separators=(",", ":")) + "\n")
             handle.flush()
             os.fsync(handle.fileno())

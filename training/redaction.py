@@ -57,6 +57,22 @@ class Redactor:
         return bool(self._secrets)
 
 
+#: Environment variables named as holding API keys (policy files' ``api_key_env``) so far.
+_SECRET_VARIABLES: set[str] = set()
+
+
+def add_secret_variables(names: Iterable[str]) -> None:
+    """Treat the values of these environment variables as secrets in every record file
+    written from now on (besides the secret-looking variables found by name)."""
+    _SECRET_VARIABLES.update(name for name in names if name)
+
+
+def file_redactor() -> Redactor:
+    """What every record file masks by default: the values of the variables named by
+    ``add_secret_variables`` and of secret-looking variables, read from the environment now."""
+    return Redactor.from_environment(_SECRET_VARIABLES)
+
+
 class RedactingFilter(logging.Filter):
     """A logging filter that masks secrets in every record it passes."""
 

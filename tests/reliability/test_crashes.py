@@ -1,0 +1,175 @@
+"""Crashes: SIGKILL at three different points of a rollout, a judge run and a training run,
+then the same command again: the outputs equal an uninterrupted run's in ids and count, and
+hold no torn records."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+from mascot.rosters import load_roster
+from mascot.stub_server import StubConfig, StubServer, start_stub_server
+from mascot.training.candidates import candidate_contexts
+from mascot.training.episode import read_episodes
+from mascot.training.pairs import JudgedCandidate, build_pairs, write_pairs
+
+from helpers import MASCOT, mascot, records
+from suite_tally import count
+
+ROSTER = load_roster("emotional_support")
+EPISODES = 12
+
+
+def lines(path: Path) -> int:
+    return path.read_bytes().count(b"\n") if path.exists() else 0
+
+
+def kill_when(args: list[str], reached: Callable[[], bool], *, timeout: float = 300) -> None:
+    """Start ``mascot ARGS`` and SIGKILL it the moment ``reached()`` holds; it must still run."""
+    process = subprocess.Popen([MASCOT, *args], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                               env={**os.environ, "HF_HUB_OFFLINE": "1"})
+    deadline = time.monotonic() + timeout
+    while not reached():
+        if process.poll() is not None:
+            raise AssertionError(f"mascot {args[0]} ended before the crash point: {process.stderr.read()[-2000:]!r}")
+        assert time.monotonic() < deadline, "the crash point was never reached"
+        time.sleep(0.01)
+    process.kill()
+    process.wait(timeout=30)
+    assert process.returncode == -9
+
+
+def restart(args: list[str]) -> subprocess.CompletedProcess[str]:
+    result = mascot(*args)
+    assert result.returncode == 0, result.stderr[-3000:]
+    count(crashes_survived=1)
+    return result
+
+
+@pytest.fixture(scope="module")
+def server() -> Iterator[StubServer]:
+    with start_stub_server(StubConfig(latency_s=0.08)) as stub:
+        yield stub
+
+
+def rollout_args(server: StubServer, out: Path) -> list[str]:
+    return ["rollout", "--roster", ROSTER.id, "--base-url", server.url, "--model", "stub", "--episodes",
+            str(EPISODES), "--concurrency", "2", "--max-rounds", "2", "--seed", "5", "--out", str(out)]
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(server: StubServer, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """An uninterrupted rollout and judge run: what every crashed-and-restarted run must equal."""
+    root = tmp_path_factory.mktemp("uninterrupted")
+    assert mascot(*rollout_args(server, root / "episodes.jsonl")).returncode == 0
+    judged = mascot(*judge_args(server, root / "episodes.jsonl", root / "judgements.jsonl"))
+    assert judged.returncode == 0, judged.stderr
+    return {"episodes": root / "episodes.jsonl", "judgements": root / "judgements.jsonl"}
+
+
+@pytest.mark.parametrize("point", ["first episode", "half the episodes", "all but one episode", "torn last line"])
+def test_rollout_killed_then_rerun(point: str, server: StubServer, uninterrupted: dict[str, Path],
+                                   tmp_path: Path) -> None:
+    out = tmp_path / "episodes.jsonl"
+    after = {"first episode": 1, "half the episodes": EPISODES // 2}.get(point, EPISODES - 1)
+    args = rollout_args(server, out)
+    kill_when(args, lambda: lines(out) >= after)
+    if point == "torn last line":  # as if the kill had landed in the middle of a write
+        with out.open("a") as handle:
+            handle.write('{"id": "torn-record", "messages": [{"role": "us')
+    result = restart(args)
+    expected = [e["id"] for e in records(uninterrupted["episodes"])]
+    got = [e["id"] for e in records(out)]
+    count(items_done=len(set(got)), items_lost=len(set(expected) - set(got)))
+    assert sorted(got) == sorted(expected)  # same ids, each once, nothing torn
+    assert "0 failed" in result.stdout
+
+
+def judge_args(server: StubServer, episodes: Path, out: Path) -> list[str]:
+    return ["judge", "--in", str(episodes), "--rubric", "persona", "--roster", ROSTER.id, "--base-url", server.url,
+            "--model", "stub", "--concurrency", "2", "--out", str(out)]
+
+
+@pytest.mark.parametrize("fraction", [0.05, 0.5, 0.95])
+def test_judge_killed_then_rerun(fraction: float, server: StubServer, uninterrupted: dict[str, Path],
+                                 tmp_path: Path) -> None:
+    expected = sorted((j["episode_id"], j["turn"]) for j in records(uninterrupted["judgements"]))
+    out = tmp_path / "judgements.jsonl"
+    args = judge_args(server, uninterrupted["episodes"], out)
+    kill_when(args, lambda: lines(out) >= max(1, int(fraction * len(expected))))
+    restart(args)
+    judgements = records(out)
+    got = sorted((j["episode_id"], j["turn"]) for j in judgements)
+    count(items_done=len(set(got)), items_lost=len(set(expected) - set(got)))
+    assert got == expected and all(j["status"] == "ok" for j in judgements)
+    assert [j["scores"] for j in sorted(judgements, key=lambda j: (j["episode_id"], j["turn"]))] == [
+        j["scores"] for j in sorted(records(uninterrupted["judgements"]), key=lambda j: (j["episode_id"], j["turn"]))]
+
+
+PERSONAS = ("anchor", "catalyst")
+STEPS = 4
+
+
+@pytest.fixture(scope="module")
+def pairs(uninterrupted: dict[str, Path], tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Preference pairs on every persona turn of the rollout: a warm reply over a curt one."""
+    from mascot.policies.local import to_chat
+
+    judged = [JudgedCandidate(context_id=c.context_id, prompt=to_chat(c.prompt), persona=c.persona, reply=reply,
+                              overall=overall)
+              for c in candidate_contexts(read_episodes(uninterrupted["episodes"]), ROSTER)
+              for reply, overall in (("That sounds hard. What would help most tonight?", 90.0), ("fine.", 10.0))]
+    folder = tmp_path_factory.mktemp("pairs")
+    write_pairs(build_pairs(judged, test_fraction=0.0), folder)
+    return folder
+
+
+def train_args(tiny_model: Path, pairs: Path, out: Path) -> list[str]:
+    return ["train-speakers", "--roster", ROSTER.id, "--method", "dpo", "--base", str(tiny_model), "--pairs",
+            str(pairs), "--personas", ",".join(PERSONAS), "--out", str(out), "--config", "speakers-dpo-cpu-smoke",
+            "--max_steps", str(STEPS), "--save_steps", "1", "--per_device_train_batch_size", "1"]
+
+
+def trained(out: Path) -> dict[str, tuple[int, list[str]]]:
+    """Per adapter: the steps its card records and the files it holds (all readable)."""
+    result = {}
+    for persona in PERSONAS:
+        card = json.loads((out / persona / "adapter_card.json").read_text())
+        json.loads((out / persona / "adapter_config.json").read_text())
+        result[persona] = (card["steps"], sorted(p.name for p in (out / persona).iterdir()))
+    return result
+
+
+@pytest.fixture(scope="module")
+def trained_once(tiny_model: Path, pairs: Path, tmp_path_factory: pytest.TempPathFactory) -> dict:
+    out = tmp_path_factory.mktemp("trained") / "adapters"
+    result = mascot(*train_args(tiny_model, pairs, out))
+    assert result.returncode == 0, result.stderr[-3000:]
+    return trained(out)
+
+
+@pytest.mark.parametrize("point", ["first checkpoint", "first adapter saved", "second adapter's checkpoint"])
+def test_training_killed_then_rerun(point: str, tiny_model: Path, pairs: Path, trained_once: dict,
+                                    tmp_path: Path) -> None:
+    from safetensors.torch import load_file
+
+    out = tmp_path / "adapters"
+    checkpoints = out / "checkpoints"
+    reached = {
+        "first checkpoint": lambda: any(checkpoints.glob(f"{PERSONAS[0]}/checkpoint-*/trainer_state.json")),
+        "first adapter saved": lambda: (out / PERSONAS[0] / "adapter_card.json").exists(),
+        "second adapter's checkpoint": lambda: any(checkpoints.glob(f"{PERSONAS[1]}/checkpoint-*/trainer_state.json")),
+    }[point]
+    kill_when(train_args(tiny_model, pairs, out), reached)
+    restart(train_args(tiny_model, pairs, out))
+    got = trained(out)
+    count(items_done=len(got), items_lost=len(set(trained_once) - set(got)))
+    assert got == trained_once  # every adapter, trained for as many steps, with the same files
+    assert all(load_file(out / p / "adapter_model.safetensors") for p in PERSONAS)
+    assert not checkpoints.exists()
