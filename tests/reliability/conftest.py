@@ -12,5 +12,7 @@ def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: Any)
     if not TALLY:
         return
     terminalreporter.write_sep("=", "reliability suite")
-    for key in (*ORDER, *sorted(set(TALLY) - set(ORDER))):
-        terminalreporter.write_line(f"{key:>22}: {TALLY[key]:,}")
+    keys = (*ORDER, *sorted(set(TALLY) - set(ORDER)))
+    width = max(map(len, keys))
+    for key in keys:
+        terminalreporter.write_line(f"{key:>{width}}: {TALLY[key]:,}")

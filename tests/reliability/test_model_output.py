@@ -8,7 +8,6 @@ import json
 import time
 from typing import Any
 
-import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -19,6 +18,7 @@ from mascot.training.judgement import JudgeOutputError, parse_scores
 from mascot.training.rubric import load_rubric
 
 from fakes import PromptChat, speaker_fake
+from suite_tally import count
 
 ROSTER = load_roster("emotional_support")
 RUBRIC = load_rubric("persona")
@@ -47,7 +47,6 @@ OUTPUTS = st.one_of(st.text(max_size=400), st.sampled_from(INJECTIONS), WELL_FOR
                     DIRECTION_LIKE.map(json.dumps), JSON_VALUES.map(lambda v: json.dumps(v)),
                     st.tuples(st.text(max_size=80), DIRECTION_LIKE.map(json.dumps), st.text(max_size=80)).map("".join))
 VALID = {*ROSTER.persona_ids, USER}
-TALLY: dict[str, int] = {"outputs": 0, "valid": 0, "repaired": 0, "replaced": 0}
 
 
 @settings(max_examples=400, deadline=None)
@@ -55,9 +54,8 @@ TALLY: dict[str, int] = {"outputs": 0, "valid": 0, "repaired": 0, "replaced": 0}
 def test_any_director_output_routes_inside_the_roster(output: str, round_turns: int, recent: list[str]) -> None:
     direction = interpret_direction(output, ROSTER, recent_speakers=recent, round_turns=round_turns,
                                     min_speakers_per_round=1)
-    TALLY["outputs"] += 1
-    TALLY["valid" if not direction.fallback else
-          "repaired" if direction.fallback.startswith("repaired") else "replaced"] += 1
+    kind = "valid" if not direction.fallback else "repaired" if direction.fallback.startswith("repaired") else "replaced"
+    count(inputs_tried=1, **{f"director outputs {kind}": 1})
     assert direction.speaker in VALID
     if round_turns < 1:
         assert direction.speaker != USER  # never hands back before a persona spoke
@@ -69,12 +67,14 @@ def test_any_director_output_routes_inside_the_roster(output: str, round_turns: 
 def test_well_formed_directions_route_as_asked(output: str) -> None:
     data = json.loads(output)
     direction = interpret_direction(output, ROSTER, recent_speakers=[], round_turns=1)
+    count(inputs_tried=1)
     assert direction.speaker == data["speaker"] and direction.action == data["action"].strip()
 
 
 @settings(max_examples=200, deadline=None)
 @given(output=st.one_of(DIRECTION_LIKE, st.dictionaries(st.text(max_size=10), JSON_VALUES, max_size=5)))
 def test_structured_output_objects_route_inside_the_roster(output: dict[str, Any]) -> None:
+    count(inputs_tried=1)
     assert interpret_direction(output, ROSTER, recent_speakers=[], round_turns=1).speaker in VALID
 
 
@@ -82,6 +82,7 @@ def test_huge_director_outputs_are_handled_in_bounded_time() -> None:
     for output in ("x" * 2_000_000, "{" * 200_000, '{"speaker": "' + "a" * 1_000_000 + '"}',
                    json.dumps({"speaker": "anchor", "action": "y" * 1_000_000, "tone": "calm"})):
         started = time.monotonic()
+        count(inputs_tried=1)
         assert interpret_direction(output, ROSTER, recent_speakers=[], round_turns=1).speaker in VALID
         assert time.monotonic() - started < 5
 
@@ -96,6 +97,7 @@ SCORES = st.dictionaries(st.sampled_from([*RUBRIC.criterion_ids, "made_up", "Per
                         st.fixed_dictionaries({"scores": SCORES}, optional={"rationale": JSON_VALUES}).map(json.dumps),
                         SCORES.map(json.dumps), JSON_VALUES.map(json.dumps)))
 def test_judge_parser_returns_complete_valid_scores_or_one_error(output: str) -> None:
+    count(inputs_tried=1)
     try:
         scores, rationale = parse_scores(output, RUBRIC)
     except JudgeOutputError as exc:
@@ -108,6 +110,7 @@ def test_judge_parser_returns_complete_valid_scores_or_one_error(output: str) ->
 @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(outputs=st.lists(OUTPUTS, min_size=1, max_size=6))
 def test_a_graph_directed_by_garbage_completes_and_counts_its_fallbacks(outputs: list[str]) -> None:
+    count(inputs_tried=len(outputs))
     replies = iter(outputs * 10)
     director = PromptChat(reply=lambda prompt: next(replies))
     graph = create_director_graph(ROSTER, director=director, speakers=speaker_fake(), max_rounds=1,
@@ -117,11 +120,4 @@ def test_a_graph_directed_by_garbage_completes_and_counts_its_fallbacks(outputs:
     assert spoken and set(spoken) <= set(ROSTER.persona_ids)
     repaired = [d for d in state["directions"] if d.get("fallback")]
     assert len(state.get("fallbacks", [])) == len(repaired)  # every repair or replacement is recorded
-
-
-@pytest.fixture(scope="module", autouse=True)
-def summary() -> Any:
-    yield
-    print(f"\nbad model output: {TALLY['outputs']} director outputs tried ({TALLY['valid']} valid, "
-          f"{TALLY['repaired']} repaired, {TALLY['replaced']} replaced by the fallback), 0 crashes, "
-          "0 routed outside the roster")
+    count(director_fallbacks_recorded=len(repaired))
