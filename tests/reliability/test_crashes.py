@@ -1,6 +1,6 @@
-"""Crashes: SIGKILL at three different points of a rollout, a judge run and a training run,
-then the same command again: the outputs equal an uninterrupted run's in ids and count, and
-hold no torn records."""
+"""Crashes: a rollout, a judge run and a training run are each SIGKILLed at three different
+points (restarting after each), then run to the end: the outputs equal an uninterrupted
+run's in ids and count, and hold no torn records."""
 
 from __future__ import annotations
 
@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from mascot.cli import main
 from mascot.rosters import load_roster
 from mascot.stub_server import StubConfig, StubServer, start_stub_server
 from mascot.training.candidates import candidate_contexts
@@ -46,9 +47,9 @@ def kill_when(args: list[str], reached: Callable[[], bool], *, timeout: float = 
 
 
 def restart(args: list[str]) -> subprocess.CompletedProcess[str]:
+    """The same command again, to the end."""
     result = mascot(*args)
     assert result.returncode == 0, result.stderr[-3000:]
-    count(crashes_survived=1)
     return result
 
 
@@ -73,22 +74,22 @@ def uninterrupted(server: StubServer, tmp_path_factory: pytest.TempPathFactory) 
     return {"episodes": root / "episodes.jsonl", "judgements": root / "judgements.jsonl"}
 
 
-@pytest.mark.parametrize("point", ["first episode", "half the episodes", "all but one episode", "torn last line"])
-def test_rollout_killed_then_rerun(point: str, server: StubServer, uninterrupted: dict[str, Path],
-                                   tmp_path: Path) -> None:
+def test_rollout_killed_three_times_then_finished(server: StubServer, uninterrupted: dict[str, Path],
+                                                  tmp_path: Path) -> None:
     out = tmp_path / "episodes.jsonl"
-    after = {"first episode": 1, "half the episodes": EPISODES // 2}.get(point, EPISODES - 1)
     args = rollout_args(server, out)
-    kill_when(args, lambda: lines(out) >= after)
-    if point == "torn last line":  # as if the kill had landed in the middle of a write
-        with out.open("a") as handle:
-            handle.write('{"id": "torn-record", "messages": [{"role": "us')
+    for after in (1, EPISODES // 2, EPISODES - 1):  # early, midway, almost done
+        kill_when(args, lambda: lines(out) >= after)
+        if after == EPISODES // 2:  # as if this kill had landed in the middle of a write
+            with out.open("a") as handle:
+                handle.write('{"id": "torn-record", "messages": [{"role": "us')
+        count(crashes_survived=1)
     result = restart(args)
     expected = [e["id"] for e in records(uninterrupted["episodes"])]
     got = [e["id"] for e in records(out)]
     count(items_done=len(set(got)), items_lost=len(set(expected) - set(got)))
     assert sorted(got) == sorted(expected)  # same ids, each once, nothing torn
-    assert "0 failed" in result.stdout
+    assert "0 failed" in result.stdout and "(1 new, 11 already there)" in result.stdout
 
 
 def judge_args(server: StubServer, episodes: Path, out: Path) -> list[str]:
@@ -96,20 +97,25 @@ def judge_args(server: StubServer, episodes: Path, out: Path) -> list[str]:
             "--model", "stub", "--concurrency", "2", "--out", str(out)]
 
 
-@pytest.mark.parametrize("fraction", [0.05, 0.5, 0.95])
-def test_judge_killed_then_rerun(fraction: float, server: StubServer, uninterrupted: dict[str, Path],
-                                 tmp_path: Path) -> None:
-    expected = sorted((j["episode_id"], j["turn"]) for j in records(uninterrupted["judgements"]))
+def test_judge_killed_three_times_then_finished(server: StubServer, uninterrupted: dict[str, Path],
+                                               tmp_path: Path) -> None:
+    reference = records(uninterrupted["judgements"])
     out = tmp_path / "judgements.jsonl"
     args = judge_args(server, uninterrupted["episodes"], out)
-    kill_when(args, lambda: lines(out) >= max(1, int(fraction * len(expected))))
+    for fraction in (0.05, 0.5, 0.95):
+        kill_when(args, lambda: lines(out) >= max(1, int(fraction * len(reference))))
+        count(crashes_survived=1)
     restart(args)
     judgements = records(out)
     got = sorted((j["episode_id"], j["turn"]) for j in judgements)
+    expected = sorted((j["episode_id"], j["turn"]) for j in reference)
     count(items_done=len(set(got)), items_lost=len(set(expected) - set(got)))
     assert got == expected and all(j["status"] == "ok" for j in judgements)
-    assert [j["scores"] for j in sorted(judgements, key=lambda j: (j["episode_id"], j["turn"]))] == [
-        j["scores"] for j in sorted(records(uninterrupted["judgements"]), key=lambda j: (j["episode_id"], j["turn"]))]
+
+    def scores(found: list[dict]) -> list[dict]:
+        return [j["scores"] for j in sorted(found, key=lambda j: (j["episode_id"], j["turn"]))]
+
+    assert scores(judgements) == scores(reference)
 
 
 PERSONAS = ("anchor", "catalyst")
@@ -146,30 +152,22 @@ def trained(out: Path) -> dict[str, tuple[int, list[str]]]:
     return result
 
 
-@pytest.fixture(scope="module")
-def trained_once(tiny_model: Path, pairs: Path, tmp_path_factory: pytest.TempPathFactory) -> dict:
-    out = tmp_path_factory.mktemp("trained") / "adapters"
-    result = mascot(*train_args(tiny_model, pairs, out))
-    assert result.returncode == 0, result.stderr[-3000:]
-    return trained(out)
-
-
-@pytest.mark.parametrize("point", ["first checkpoint", "first adapter saved", "second adapter's checkpoint"])
-def test_training_killed_then_rerun(point: str, tiny_model: Path, pairs: Path, trained_once: dict,
-                                    tmp_path: Path) -> None:
+def test_training_killed_three_times_then_finished(tiny_model: Path, pairs: Path, tmp_path: Path) -> None:
     from safetensors.torch import load_file
 
+    once = tmp_path / "uninterrupted"
+    assert main(train_args(tiny_model, pairs, once)) == 0  # in this process: its imports are paid already
     out = tmp_path / "adapters"
     checkpoints = out / "checkpoints"
-    reached = {
-        "first checkpoint": lambda: any(checkpoints.glob(f"{PERSONAS[0]}/checkpoint-*/trainer_state.json")),
-        "first adapter saved": lambda: (out / PERSONAS[0] / "adapter_card.json").exists(),
-        "second adapter's checkpoint": lambda: any(checkpoints.glob(f"{PERSONAS[1]}/checkpoint-*/trainer_state.json")),
-    }[point]
-    kill_when(train_args(tiny_model, pairs, out), reached)
+    points = [lambda: any(checkpoints.glob(f"{PERSONAS[0]}/checkpoint-*/trainer_state.json")),  # mid first adapter
+              lambda: (out / PERSONAS[0] / "adapter_card.json").exists(),  # first adapter saved
+              lambda: any(checkpoints.glob(f"{PERSONAS[1]}/checkpoint-*/trainer_state.json"))]  # mid second
+    for reached in points:
+        kill_when(train_args(tiny_model, pairs, out), reached)
+        count(crashes_survived=1)
     restart(train_args(tiny_model, pairs, out))
-    got = trained(out)
-    count(items_done=len(got), items_lost=len(set(trained_once) - set(got)))
-    assert got == trained_once  # every adapter, trained for as many steps, with the same files
+    got, expected = trained(out), trained(once)
+    count(items_done=len(got), items_lost=len(set(expected) - set(got)))
+    assert got == expected  # every adapter, trained for as many steps, with the same files
     assert all(load_file(out / p / "adapter_model.safetensors") for p in PERSONAS)
     assert not checkpoints.exists()

@@ -1,7 +1,7 @@
 """Secrets: a sentinel API key set in the environment — sent to a model server that echoes it
 back in every reply, and set as the Hugging Face token — never appears in any file the
 project writes (episodes, traces, judgements, caches, eval reports and pages, policy files,
-adapter cards, logs) nor in its output."""
+model cards, logs) nor in its output."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from mascot.cli import main
 from mascot.stub_server import StubConfig, start_stub_server
 
 from helpers import mascot
@@ -28,7 +29,8 @@ def scan(root: Path, outputs: list[str]) -> int:
     return len(files) + len(outputs)
 
 
-def test_the_key_reaches_no_file_nor_output(tiny_model: Path, tmp_path: Path) -> None:
+def test_the_key_reaches_no_file_nor_output(tiny_model: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                            capsys: pytest.CaptureFixture[str]) -> None:
     outputs: list[str] = []
 
     def run(*args: str) -> None:
@@ -48,11 +50,14 @@ def test_the_key_reaches_no_file_nor_output(tiny_model: Path, tmp_path: Path) ->
             "roles": {"default": {}}}))
         run("eval", "--roster", "emotional_support", "--policies", str(policies), "--baselines", "round_robin",
             "--episodes", "1", "--max-rounds", "1", "--judge-policies", str(policies), "--out", str(tmp_path / "eval"))
-        run("show", str(tmp_path / "episodes.jsonl"), "--html", str(tmp_path / "episodes.html"))
     run("serve", "--policies", str(tiny_model / "policies.yaml"), "--engine", "vllm", "--dry-run", "--api-key-env",
         "SERVER_KEY", "--client-policies", str(tmp_path / "client-policies.yaml"))
-    run("train-rm", "--pairs", str(_pairs(tmp_path)), "--base", str(tiny_model), "--out", str(tmp_path / "rm"),
-        "--max_steps", "1")
+    for name, value in ENV.items():
+        monkeypatch.setenv(name, value)
+    # in this process, whose training imports are paid already
+    assert main(["train-rm", "--pairs", str(_pairs(tmp_path)), "--base", str(tiny_model), "--out", str(tmp_path / "rm"),
+                 "--max_steps", "1"]) == 0
+    outputs.extend(capsys.readouterr())
     assert "Bearer ***" in (tmp_path / "trace.jsonl").read_text()  # the echoed key was there, masked
     checked = scan(tmp_path, outputs)
     count(inputs_tried=checked)
