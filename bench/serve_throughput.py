@@ -16,6 +16,7 @@ import socket
 import tempfile
 import threading
 import time
+from functools import partial
 from pathlib import Path
 
 import openai
@@ -43,7 +44,7 @@ async def over_http(url: str, models: list[str], requests: int, concurrency: int
         async with gate:
             await client.chat.completions.create(
                 model=models[i % len(models)], messages=[{"role": "user", "content": PROMPTS[i % len(PROMPTS)]}],
-                max_tokens=max_tokens, temperature=0.7, seed=i)
+                max_tokens=max_tokens, temperature=0.7)
 
     start = time.perf_counter()
     await asyncio.gather(*(one(i) for i in range(requests)))
@@ -58,9 +59,9 @@ async def in_process(backend: LocalBackend, models: list[str], requests: int, co
     async def one(i: int) -> None:
         model = models[i % len(models)]
         async with gate:
-            await asyncio.to_thread(backend.generate, [[{"role": "user", "content": PROMPTS[i % len(PROMPTS)]}]],
-                                    adapters=[None if model == "base" else model], max_new_tokens=max_tokens,
-                                    temperature=0.7, seed=i)
+            await asyncio.get_running_loop().run_in_executor(backend.callers, partial(
+                backend.generate, [[{"role": "user", "content": PROMPTS[i % len(PROMPTS)]}]],
+                adapters=[None if model == "base" else model], max_new_tokens=max_tokens, temperature=0.7))
 
     start = time.perf_counter()
     await asyncio.gather(*(one(i) for i in range(requests)))

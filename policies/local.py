@@ -6,25 +6,22 @@ This is the only module of ``mascot.policies`` that imports torch; it needs the
 
 from __future__ import annotations
 
-import hashlib
 import logging
 import os
 import threading
+import time
 import warnings
 from collections.abc import Iterator, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass
+from itertools import islice
 from pathlib import Path
 from typing import Any
 
 import httpx
 import torch
 from huggingface_hub import try_to_load_from_cache
-from langchain_core.callbacks import CallbackManagerForLLMRun
-from langchain_core.language_models import BaseChatModel
-from langchain_core.messages import AIMessage, AIMessageChunk, BaseMessage
-from langchain_core.outputs import ChatGeneration, ChatGenerationChunk, ChatResult
-from pydantic import ConfigDict, Field
 from transformers import AutoModelForCausalLM, AutoTokenizer, TextIteratorStreamer
 from transformers.utils import logging as hf_logging
 
@@ -33,7 +30,6 @@ from mascot.policies.spec import PolicyError
 logger = logging.getLogger(__name__)
 
 _BASE = "__base__"  # PEFT's name for "no adapter" in per-row adapter_names
-_ROLES = {"system": "system", "human": "user", "ai": "assistant"}
 _HUB_PROBE_TIMEOUT_S = 3.0
 
 
@@ -50,12 +46,41 @@ class Generation:
     completion_tokens: int
 
 
+@dataclass(eq=False)
+class _Request:
+    """One ``generate`` call, queued until a batch serves it."""
+
+    texts: list[str]
+    adapters: list[str | None]
+    max_new_tokens: int
+    temperature: float
+    top_p: float
+    seed: int | None
+    stop: Sequence[str] | None
+    outcome: list[Generation] | BaseException | None = None
+
+    @property
+    def sampling(self) -> tuple[float, float] | None:
+        """What the requests of one batch must share; ``None`` for a seeded request, which
+        runs alone because it draws from its own random stream."""
+        if self.seed is not None:
+            return None
+        return (0.0, 0.0) if self.temperature == 0 else (self.temperature, self.top_p)
+
+
 class LocalBackend:
     """A base causal LM in memory with named LoRA adapters, shared by many roles.
 
-    Generation holds a lock: PEFT's active adapter is global state, so requests are
-    serialised, and a batch picks its adapter per row (``adapter_names``) instead of
-    switching the active adapter.
+    Concurrent ``generate`` calls are micro-batched. A call that finds the model idle runs
+    at once; calls that arrive while a batch is generating wait in a queue, and the next
+    batch takes the oldest of them together with every queued call of the same sampling
+    settings (temperature, top_p), up to ``max_batch`` rows, into one ``model.generate``
+    that picks the adapter per row (``adapter_names``) and runs to the longest
+    ``max_new_tokens``, each reply cut to its own. Under load (the previous batch had
+    several rows) a batch first waits up to ``batch_window_s`` for as many rows to queue,
+    since the callers just served are usually about to ask again. Seeded calls run alone,
+    so their replies do not depend on what else was asked. One lock guards the model:
+    PEFT's active adapter is global state, so adapters change only between batches.
     """
 
     def __init__(
@@ -65,13 +90,36 @@ class LocalBackend:
         *,
         name: str,
         adapter_versions: Mapping[str, str | None] | None = None,
+        max_batch: int = 8,
+        batch_window_s: float = 0.005,
     ) -> None:
-        """Wrap a loaded model; use ``LocalBackend.load`` to load one by name or path."""
+        """Wrap a loaded model; use ``LocalBackend.load`` to load one by name or path.
+
+        Args:
+            max_batch: Most rows in one ``model.generate``; 1 serves calls one at a time.
+            batch_window_s: Longest wait for more calls to join a batch under load.
+
+        Raises:
+            ValueError: if ``max_batch`` < 1 or ``batch_window_s`` < 0.
+        """
+        if max_batch < 1:
+            raise ValueError(f"max_batch must be at least 1 (1 turns batching off), got {max_batch}")
+        if batch_window_s < 0:
+            raise ValueError(f"batch_window_s must be 0 or more seconds, got {batch_window_s}")
         self.model = model
         self.tokenizer = tokenizer
         self.name = name
         self.adapter_versions = dict(adapter_versions or {})
-        self._lock = threading.Lock()
+        self.max_batch = max_batch
+        self.batch_window_s = batch_window_s
+        self._lock = threading.Lock()  # the model: one generation or adapter change at a time
+        self._queue_changed = threading.Condition()  # guards the queue, the leader, outcomes
+        self._queue: list[_Request] = []
+        self._leader: _Request | None = None  # the queued request whose caller runs the next batch
+        self._last_rows = 1
+        # async callers wait here: the event loop's default pool (cores + 4 threads) can be
+        # smaller than a batch, which would cap the rows that ever meet in the queue
+        self.callers = ThreadPoolExecutor(max_workers=64, thread_name_prefix="mascot-generate")
 
     @classmethod
     def load(
@@ -81,6 +129,8 @@ class LocalBackend:
         adapters: Mapping[str, str | Path] | None = None,
         adapter_versions: Mapping[str, str | None] | None = None,
         device: str | None = None,
+        max_batch: int = 8,
+        batch_window_s: float = 0.005,
     ) -> LocalBackend:
         """Load a base model (Hub id or local directory) and LoRA adapters.
 
@@ -89,6 +139,9 @@ class LocalBackend:
             adapters: Adapter name -> PEFT adapter directory.
             adapter_versions: Adapter name -> version recorded with each reply.
             device: ``cpu``, ``cuda``, ...; defaults to CUDA when available.
+            max_batch: Most rows in one ``model.generate`` (see the class); 1 disables
+                batching.
+            batch_window_s: Longest wait for more calls to join a batch under load.
 
         Returns:
             The backend.
@@ -126,7 +179,8 @@ class LocalBackend:
             base.eval()
         logger.info("loaded %s on %s with adapters %s", model, device, sorted(adapters or {}))
         versions = {name: (adapter_versions or {}).get(name) for name in adapters or {}}
-        return cls(base, tokenizer, name=model, adapter_versions=versions)
+        return cls(base, tokenizer, name=model, adapter_versions=versions, max_batch=max_batch,
+                   batch_window_s=batch_window_s)
 
     def load_adapter(self, name: str, path: str | Path, *, version: str | None = None) -> None:
         """Load (or replace) the PEFT adapter ``name`` from ``path`` while serving.
@@ -188,7 +242,10 @@ class LocalBackend:
         stop: Sequence[str] | None = None,
         chat_template_kwargs: Mapping[str, Any] | None = None,
     ) -> list[Generation]:
-        """Generate one reply per conversation in one batch, each with its own adapter.
+        """Generate one reply per conversation, each with its own adapter.
+
+        The rows of one call always share a batch; concurrent calls may join it (see the
+        class), which leaves greedy replies unchanged up to floating-point rounding.
 
         Args:
             conversations: Chat messages (``role``/``content`` dicts) per row.
@@ -196,7 +253,7 @@ class LocalBackend:
             max_new_tokens: Length limit per reply.
             temperature: Sampling temperature; 0 decodes greedily.
             top_p: Nucleus sampling mass.
-            seed: Seeds sampling for reproducible replies.
+            seed: Seeds sampling for reproducible replies; a seeded call runs alone.
             stop: Strings at which a reply is cut.
             chat_template_kwargs: Extra variables for the chat template
                 (e.g. ``enable_thinking``).
@@ -207,27 +264,108 @@ class LocalBackend:
         Raises:
             ValueError: on an unknown adapter name or a length mismatch.
         """
-        names = self._adapter_names(adapters, len(conversations))
-        inputs = self._encode(conversations, chat_template_kwargs)
-        with self._lock, torch.no_grad():
-            if seed is not None:
-                torch.manual_seed(seed)
-            output = self.model.generate(
-                **inputs, **self._sampling(max_new_tokens, temperature, top_p), **names
-            )
-        prompt_length = inputs["input_ids"].shape[1]
-        results = []
-        for row, tokens in enumerate(output[:, prompt_length:]):
-            done = [t for t in tokens.tolist() if t != self.tokenizer.pad_token_id]
-            text = self.tokenizer.decode(done, skip_special_tokens=True)
-            results.append(
-                Generation(
-                    text=_cut(text, stop),
-                    prompt_tokens=int(inputs["attention_mask"][row].sum()),
-                    completion_tokens=len(done),
-                )
-            )
-        return results
+        self._adapter_names(adapters, len(conversations))
+        request = _Request(
+            texts=self._render(conversations, chat_template_kwargs),
+            adapters=list(adapters) if adapters is not None else [None] * len(conversations),
+            max_new_tokens=max_new_tokens,
+            temperature=temperature,
+            top_p=top_p,
+            seed=seed,
+            stop=stop,
+        )
+        with self._queue_changed:
+            self._queue.append(request)
+            if self._leader is None:  # the model is idle: start at once
+                self._leader = request
+            self._queue_changed.notify_all()
+            while request.outcome is None and self._leader is not request:
+                self._queue_changed.wait()
+        if request.outcome is None:
+            self._lead(request)
+        if isinstance(request.outcome, BaseException):
+            raise request.outcome
+        return request.outcome
+
+    def _lead(self, head: _Request) -> None:
+        """Run the batch of ``head``, the oldest queued request, then pass the lead on."""
+        try:
+            with self._lock:
+                self._run(self._take_batch(head))
+        finally:
+            with self._queue_changed:
+                if head in self._queue:  # interrupted before its batch was taken
+                    self._queue.remove(head)
+                self._leader = self._queue[0] if self._queue else None
+                self._queue_changed.notify_all()
+
+    def _take_batch(self, head: _Request) -> list[_Request]:
+        """``head`` and the queued requests that may share its batch, oldest first, up to
+        ``max_batch`` rows; under load, first waits up to ``batch_window_s`` for as many
+        rows as the previous batch had."""
+        with self._queue_changed:
+            deadline = time.monotonic() + self.batch_window_s
+            target = min(self.max_batch, self._last_rows)
+            while True:
+                batch = self._mates(head)
+                rows = sum(len(request.texts) for request in batch)
+                left = deadline - time.monotonic()
+                if rows >= target or left <= 0 or head.sampling is None:
+                    break
+                self._queue_changed.wait(left)
+            for request in batch:
+                self._queue.remove(request)
+            if head.sampling is not None:
+                self._last_rows = rows
+        return batch
+
+    def _mates(self, head: _Request) -> list[_Request]:
+        """``head`` and, oldest first, the queued requests of its sampling settings that fit."""
+        batch, rows = [head], len(head.texts)
+        if head.sampling is None:
+            return batch
+        for request in self._queue:
+            fits = rows + len(request.texts) <= self.max_batch
+            if request is not head and request.sampling == head.sampling and fits:
+                batch.append(request)
+                rows += len(request.texts)
+        return batch
+
+    def _run(self, batch: list[_Request]) -> None:
+        """One ``model.generate`` for the rows of ``batch``; each request gets its replies
+        or the error, which its caller raises."""
+        head = batch[0]
+        outcomes: list[list[Generation] | BaseException] = [RuntimeError("the batch was interrupted")] * len(batch)
+        try:
+            # adapters are checked again: one may have been unloaded while the call was queued
+            texts = [text for request in batch for text in request.texts]
+            names = self._adapter_names([name for request in batch for name in request.adapters], len(texts))
+            inputs = self.tokenizer(texts, return_tensors="pt", padding=True, add_special_tokens=False)
+            inputs = inputs.to(self.model.device)
+            limit = max(request.max_new_tokens for request in batch)
+            with torch.no_grad():
+                if head.seed is not None:
+                    torch.manual_seed(head.seed)
+                output = self.model.generate(**inputs, **self._sampling(limit, head.temperature, head.top_p), **names)
+            prompt_tokens = inputs["attention_mask"].sum(1).tolist()
+            per_row = zip(output[:, inputs["input_ids"].shape[1] :].tolist(), prompt_tokens)
+            replies = []
+            for request in batch:
+                rows = islice(per_row, len(request.texts))
+                replies.append([self._reply(t[: request.max_new_tokens], p, request.stop) for t, p in rows])
+            outcomes = replies
+        except Exception as exc:  # raised again in the thread of every caller in the batch
+            outcomes = [exc] * len(batch)
+        finally:
+            with self._queue_changed:
+                for request, outcome in zip(batch, outcomes):
+                    request.outcome = outcome
+                self._queue_changed.notify_all()
+
+    def _reply(self, tokens: list[int], prompt_tokens: int, stop: Sequence[str] | None) -> Generation:
+        done = [t for t in tokens if t != self.tokenizer.pad_token_id]
+        text = self.tokenizer.decode(done, skip_special_tokens=True)
+        return Generation(text=cut_at_stop(text, stop), prompt_tokens=prompt_tokens, completion_tokens=len(done))
 
     def stream(
         self,
@@ -248,7 +386,7 @@ class LocalBackend:
             Text pieces; their concatenation is the reply.
         """
         names = self._adapter_names([adapter], 1)
-        inputs = self._encode([conversation], chat_template_kwargs)
+        texts = self._render([conversation], chat_template_kwargs)
         streamer = TextIteratorStreamer(self.tokenizer, skip_prompt=True, skip_special_tokens=True)
         errors: list[BaseException] = []
 
@@ -257,6 +395,7 @@ class LocalBackend:
                 if seed is not None:
                     torch.manual_seed(seed)
                 try:
+                    inputs = self.tokenizer(texts, return_tensors="pt", add_special_tokens=False).to(self.model.device)
                     self.model.generate(
                         **inputs,
                         **self._sampling(max_new_tokens, temperature, top_p),
@@ -274,12 +413,12 @@ class LocalBackend:
         if errors:
             raise errors[0]
 
-    def _encode(
+    def _render(
         self,
         conversations: Sequence[Sequence[Mapping[str, str]]],
         chat_template_kwargs: Mapping[str, Any] | None,
-    ) -> Any:
-        texts = [
+    ) -> list[str]:
+        return [
             self.tokenizer.apply_chat_template(
                 list(conversation),
                 tokenize=False,
@@ -288,8 +427,6 @@ class LocalBackend:
             )
             for conversation in conversations
         ]
-        encoded = self.tokenizer(texts, return_tensors="pt", padding=True, add_special_tokens=False)
-        return encoded.to(self.model.device)
 
     def _sampling(self, max_new_tokens: int, temperature: float, top_p: float) -> dict[str, Any]:
         sampling: dict[str, Any] = {
@@ -315,118 +452,6 @@ class LocalBackend:
         return {"adapter_names": [n or _BASE for n in names]}
 
 
-class LocalChatModel(BaseChatModel):
-    """A LangChain chat model answering from a ``LocalBackend`` with one adapter.
-
-    Several instances share one backend, so each persona can have its own adapter on
-    one base model in memory.
-    """
-
-    model_config = ConfigDict(arbitrary_types_allowed=True)
-
-    backend: LocalBackend
-    adapter: str | None = None
-    max_new_tokens: int = Field(default=256, ge=1)
-    temperature: float = Field(default=0.7, ge=0.0)
-    top_p: float = Field(default=0.95, gt=0.0, le=1.0)
-    seed: int | None = None
-    # Qwen3-style templates think aloud unless told not to; other templates ignore it.
-    chat_template_kwargs: dict[str, Any] = Field(default_factory=lambda: {"enable_thinking": False})
-
-    @property
-    def _llm_type(self) -> str:
-        return "mascot-local"
-
-    @property
-    def _identifying_params(self) -> dict[str, Any]:
-        return {"model_name": self.backend.name, "adapter": self.adapter}
-
-    def _generate(
-        self,
-        messages: list[BaseMessage],
-        stop: list[str] | None = None,
-        run_manager: CallbackManagerForLLMRun | None = None,
-        **kwargs: Any,
-    ) -> ChatResult:
-        result = self.backend.generate(
-            [to_chat(messages)],
-            adapters=[self.adapter],
-            max_new_tokens=self.max_new_tokens,
-            temperature=self.temperature,
-            top_p=self.top_p,
-            seed=self._seed(run_manager),
-            stop=stop,
-            chat_template_kwargs=self.chat_template_kwargs,
-        )[0]
-        message = AIMessage(
-            content=result.text,
-            response_metadata=self._metadata(),
-            usage_metadata={
-                "input_tokens": result.prompt_tokens,
-                "output_tokens": result.completion_tokens,
-                "total_tokens": result.prompt_tokens + result.completion_tokens,
-            },
-        )
-        return ChatResult(generations=[ChatGeneration(message=message)])
-
-    def _stream(
-        self,
-        messages: list[BaseMessage],
-        stop: list[str] | None = None,
-        run_manager: CallbackManagerForLLMRun | None = None,
-        **kwargs: Any,
-    ) -> Iterator[ChatGenerationChunk]:
-        text = ""
-        pieces = self.backend.stream(
-            to_chat(messages),
-            adapter=self.adapter,
-            max_new_tokens=self.max_new_tokens,
-            temperature=self.temperature,
-            top_p=self.top_p,
-            seed=self._seed(run_manager),
-            chat_template_kwargs=self.chat_template_kwargs,
-        )
-        for piece in pieces:
-            if stop and _cut(text + piece, stop) != text + piece:
-                piece = _cut(text + piece, stop)[len(text) :]
-                if piece:
-                    yield self._chunk(piece, run_manager)
-                break
-            text += piece
-            if piece:
-                yield self._chunk(piece, run_manager)
-        yield ChatGenerationChunk(
-            message=AIMessageChunk(content="", response_metadata=self._metadata(), chunk_position="last")
-        )
-
-    def _chunk(
-        self, piece: str, run_manager: CallbackManagerForLLMRun | None
-    ) -> ChatGenerationChunk:
-        chunk = ChatGenerationChunk(message=AIMessageChunk(content=piece))
-        if run_manager:
-            run_manager.on_llm_new_token(piece, chunk=chunk)
-        return chunk
-
-    def _seed(self, run_manager: CallbackManagerForLLMRun | None) -> int | None:
-        """The sampling seed of one call: ``seed``, varied by the run's ``episode_id`` and
-        ``sample`` metadata, so repeated episodes and candidate samples differ while each
-        stays reproducible whatever order concurrent calls run in."""
-        if self.seed is None:
-            return None
-        metadata = run_manager.metadata if run_manager else {}
-        if "episode_id" not in metadata and "sample" not in metadata:
-            return self.seed
-        key = f"{self.seed}|{metadata.get('episode_id')}|{metadata.get('sample')}"
-        return int.from_bytes(hashlib.sha256(key.encode()).digest()[:4], "big")
-
-    def _metadata(self) -> dict[str, Any]:
-        return {
-            "model_name": self.backend.name,
-            "adapter": self.adapter,
-            "adapter_version": self.backend.adapter_versions.get(self.adapter) if self.adapter else None,
-        }
-
-
 @contextmanager
 def quiet_loading() -> Iterator[None]:
     """Load or save models without transformers' progress bars (one per shard, even for a
@@ -439,21 +464,6 @@ def quiet_loading() -> Iterator[None]:
             yield
     finally:
         hf_logging.enable_progress_bar()
-
-
-def to_chat(messages: Sequence[BaseMessage]) -> list[dict[str, str]]:
-    """LangChain messages as chat-template dicts (``role``/``content``).
-
-    Raises:
-        ValueError: on a message type a chat template cannot take (e.g. tool calls).
-    """
-    chat = []
-    for message in messages:
-        role = _ROLES.get(message.type)
-        if role is None:
-            raise ValueError(f"the local backend cannot send a '{message.type}' message")
-        chat.append({"role": role, "content": message.text})
-    return chat
 
 
 def resolve_model(model: str) -> str:
@@ -492,7 +502,8 @@ def resolve_model(model: str) -> str:
     return model
 
 
-def _cut(text: str, stop: Sequence[str] | None) -> str:
+def cut_at_stop(text: str, stop: Sequence[str] | None) -> str:
+    """``text`` up to the first of the ``stop`` strings it holds."""
     for marker in stop or ():
         index = text.find(marker)
         if index >= 0:

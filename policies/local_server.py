@@ -24,6 +24,7 @@ import time
 import uuid
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Any, Literal
 
@@ -195,8 +196,9 @@ def create_app(
             return StreamingResponse(_events(pieces, stop, reply_id, body.model, usage,
                                              limit=sampling["max_new_tokens"], backend=backend),
                                      media_type="text/event-stream")
-        generations = await asyncio.to_thread(
-            backend.generate, [conversation] * body.n, adapters=[adapter] * body.n, stop=stop, **sampling)
+        # in the backend's caller threads: concurrent requests meet in its batches
+        generations = await asyncio.get_running_loop().run_in_executor(backend.callers, partial(
+            backend.generate, [conversation] * body.n, adapters=[adapter] * body.n, stop=stop, **sampling))
         choices = [{"index": i, "message": {"role": "assistant", "content": g.text},
                     "finish_reason": "length" if g.completion_tokens >= sampling["max_new_tokens"] else "stop"}
                    for i, g in enumerate(generations)]

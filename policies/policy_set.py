@@ -143,7 +143,8 @@ class Policies:
 
     def _local_model(self, role: str, spec: PolicySpec) -> BaseChatModel:
         # Imported here: the local backend needs torch, which the rest of policies must not.
-        from mascot.policies.local import LocalBackend, LocalChatModel
+        from mascot.policies.local import LocalBackend
+        from mascot.policies.local_chat import LocalChatModel
 
         if spec.model not in self._backends:
             adapters: dict[str, str] = {}

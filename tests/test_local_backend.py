@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import threading
 import time
 from pathlib import Path
 
@@ -8,7 +9,8 @@ import torch
 from langchain_core.messages import HumanMessage, SystemMessage
 
 from mascot.policies import Policies
-from mascot.policies.local import LocalBackend, LocalChatModel, LocalModelError
+from mascot.policies.local import LocalBackend, LocalModelError
+from mascot.policies.local_chat import LocalChatModel
 
 CONVERSATION = [{"role": "user", "content": "I failed my driving test again"}]
 
@@ -94,3 +96,135 @@ def test_seed_varies_with_episode_and_sample_metadata(tiny_model: Path) -> None:
     assert reply(episode_id="a") == reply(episode_id="a")  # reproducible per episode
     assert len({reply(episode_id="a"), reply(episode_id="b"), reply(episode_id="a", sample=1)}) == 3
     assert reply() == reply()  # without metadata: the model's own seed
+
+
+PROMPTS = ["I failed my driving test again", "My manager ignores my ideas in every meeting", "hi",
+           "We missed the launch date and the client is angry", "My friend stopped answering",
+           "I cannot sleep before big days", "Should I quit?", "Tell me one thing to try tonight"]
+
+
+def personas_backend(tiny_model: Path, **settings: object) -> LocalBackend:
+    adapters = {p.name: p for p in sorted((tiny_model / "adapters").iterdir()) if p.is_dir()}
+    return LocalBackend.load(str(tiny_model), adapters=adapters, **settings)
+
+
+def record_calls(monkeypatch: pytest.MonkeyPatch, backend: LocalBackend, *, fail: bool = False) -> list[int]:
+    """Rows of each ``model.generate`` call; the first call is slowed down so that
+    concurrent callers queue behind it, and with ``fail`` every call raises."""
+    rows: list[int] = []
+    generate = backend.model.generate
+
+    def counted(**kwargs: object) -> torch.Tensor:
+        rows.append(kwargs["input_ids"].shape[0])
+        if len(rows) == 1:
+            time.sleep(0.5)
+        if fail:
+            raise RuntimeError("boom")
+        return generate(**kwargs)
+
+    monkeypatch.setattr(backend.model, "generate", counted)
+    return rows
+
+
+def concurrently(calls: list) -> list:
+    """Run the calls in threads released together; each one's result or exception, in order."""
+    barrier = threading.Barrier(len(calls))
+    outcomes: list = [None] * len(calls)
+
+    def run(i: int) -> None:
+        barrier.wait()
+        try:
+            outcomes[i] = calls[i]()
+        except RuntimeError as exc:  # the test inspects it; anything else fails the test
+            outcomes[i] = exc
+
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(len(calls))]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=60)
+    return outcomes
+
+
+def test_concurrent_calls_are_batched_and_each_gets_its_own_reply(tiny_model: Path,
+                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    backend = personas_backend(tiny_model)
+    names = [None, *backend.adapters]
+    requests = [([[{"role": "user", "content": p}]], [names[i % len(names)]], 6 + i) for i, p in enumerate(PROMPTS)]
+    requests[3] = ([[{"role": "user", "content": PROMPTS[3]}], CONVERSATION], ["anchor", None], 9)  # two rows
+    alone = [backend.generate(c, adapters=a, temperature=0, max_new_tokens=n) for c, a, n in requests]
+    rows = record_calls(monkeypatch, backend)
+    batched = concurrently([lambda c=c, a=a, n=n: backend.generate(c, adapters=a, temperature=0, max_new_tokens=n)
+                            for c, a, n in requests])
+    # the first caller runs at once, alone; the others queued behind it share one batch
+    assert rows == [1, len(PROMPTS)] or rows == [2, len(PROMPTS) - 1], rows
+    # padding and the longer batch limit leave greedy replies exactly as they were alone
+    assert batched == alone
+    assert [g.completion_tokens for g in batched[0] + batched[1]] == [6, 7]
+
+
+def test_only_calls_with_the_same_sampling_share_a_batch(tiny_model: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    backend = personas_backend(tiny_model)
+    rows = record_calls(monkeypatch, backend)
+    temperatures = [0.0, 0.0, 0.7, 0.7, 0.0, 0.7, 0.0, 0.7]
+    outcomes = concurrently([lambda t=t: backend.generate([CONVERSATION], temperature=t, max_new_tokens=4)
+                             for t in temperatures])
+    assert all(len(o) == 1 for o in outcomes)
+    assert sorted(rows) == [1, 3, 4], rows  # the first alone, then one batch per setting
+
+
+def test_an_error_reaches_every_caller_of_the_batch(tiny_model: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    backend = personas_backend(tiny_model)
+    rows = record_calls(monkeypatch, backend, fail=True)
+    outcomes = concurrently([lambda a=a: backend.generate([CONVERSATION], adapters=[a], max_new_tokens=4)
+                             for a in ([None, *backend.adapters] * 2)[:8]])
+    assert rows == [1, 7]
+    assert all(isinstance(o, RuntimeError) and str(o) == "boom" for o in outcomes), outcomes
+    monkeypatch.undo()
+    assert backend.generate([CONVERSATION], max_new_tokens=3)[0].completion_tokens == 3  # still serving
+
+
+def test_max_batch_one_serves_calls_one_at_a_time(tiny_model: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    backend = personas_backend(tiny_model, max_batch=1)
+    rows = record_calls(monkeypatch, backend)
+    concurrently([lambda: backend.generate([CONVERSATION], max_new_tokens=4)] * 6)
+    assert rows == [1] * 6
+    with pytest.raises(ValueError, match="max_batch must be at least 1"):
+        LocalBackend(backend.model, backend.tokenizer, name="x", max_batch=0)
+
+
+def test_seeded_calls_run_alone_and_stay_reproducible(tiny_model: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    backend = personas_backend(tiny_model)
+    seeds = [1, 2, 3, 1, 2, 3]
+    alone = [backend.generate([CONVERSATION], temperature=1.0, seed=s, max_new_tokens=10) for s in seeds]
+    rows = record_calls(monkeypatch, backend)
+    together = concurrently([lambda s=s: backend.generate([CONVERSATION], temperature=1.0, seed=s, max_new_tokens=10)
+                             for s in seeds])
+    assert rows == [1] * len(seeds)
+    assert together == alone
+
+
+def test_a_lone_call_never_waits_for_company(tiny_model: Path) -> None:
+    backend = personas_backend(tiny_model, batch_window_s=30.0)
+    start = time.monotonic()
+    for _ in range(3):
+        backend.generate([CONVERSATION], max_new_tokens=2)
+    assert time.monotonic() - start < 10
+
+
+def test_async_calls_beyond_the_default_thread_pool_meet_in_one_batch(tiny_model: Path,
+                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    import asyncio
+
+    from mascot.policies.local_chat import LocalChatModel
+
+    backend = personas_backend(tiny_model, max_batch=16)
+    rows = record_calls(monkeypatch, backend)
+    chat = LocalChatModel(backend=backend, adapter="anchor", max_new_tokens=4, temperature=0)
+
+    async def all_at_once() -> list:
+        return await asyncio.gather(*(chat.ainvoke([("user", p)]) for p in PROMPTS * 2))
+
+    replies = asyncio.run(all_at_once())  # the event loop's default pool holds only cores + 4 threads
+    assert len(replies) == 16 and all(r.content is not None for r in replies)
+    assert sum(rows) == 16 and max(rows) >= 12, rows

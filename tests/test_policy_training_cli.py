@@ -132,7 +132,7 @@ def test_unknown_flags_of_other_commands_are_refused(capsys: pytest.CaptureFixtu
 
 def _candidate_rows(episodes: Path) -> list[dict]:
     """Each persona turn of the episodes as a candidate (its prompt in OpenAI format)."""
-    from mascot.policies.local import to_chat
+    from mascot.policies.local_chat import to_chat
 
     contexts = candidate_contexts(read_episodes(episodes), load_roster("emotional_support"))
     return [{"context_id": c.context_id, "episode_id": c.episode_id, "turn": c.turn, "persona": c.persona,

@@ -31,7 +31,7 @@ from mascot.graphs import StageDirection, create_director_graph
 from mascot.graphs.direction import interpret_direction
 from mascot.graphs.prompts import director_messages
 from mascot.graphs.state import openai_messages
-from mascot.policies.local import to_chat
+from mascot.policies.local_chat import to_chat
 from mascot.rosters import Roster
 from mascot.training.candidates import langchain_message
 from mascot.training.episode import Episode

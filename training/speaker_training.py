@@ -21,7 +21,8 @@ from datasets import Dataset
 from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback, set_seed
 from trl import GRPOConfig, GRPOTrainer
 
-from mascot.policies.local import quiet_loading, resolve_model, to_chat
+from mascot.policies.local import quiet_loading, resolve_model
+from mascot.policies.local_chat import to_chat
 from mascot.rosters import Roster
 from mascot.training.adapter_folder import (
     adapter_target,

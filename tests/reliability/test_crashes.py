@@ -125,7 +125,7 @@ STEPS = 4
 @pytest.fixture(scope="module")
 def pairs(uninterrupted: dict[str, Path], tmp_path_factory: pytest.TempPathFactory) -> Path:
     """Preference pairs on every persona turn of the rollout: a warm reply over a curt one."""
-    from mascot.policies.local import to_chat
+    from mascot.policies.local_chat import to_chat
 
     judged = [JudgedCandidate(context_id=c.context_id, prompt=to_chat(c.prompt), persona=c.persona, reply=reply,
                               overall=overall)

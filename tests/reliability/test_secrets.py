@@ -66,7 +66,7 @@ def test_the_key_reaches_no_file_nor_output(tiny_model: Path, tmp_path: Path, mo
 
 def _pairs(tmp_path: Path) -> Path:
     """A few preference pairs from the rolled-out episodes."""
-    from mascot.policies.local import to_chat
+    from mascot.policies.local_chat import to_chat
     from mascot.rosters import load_roster
     from mascot.training.candidates import candidate_contexts
     from mascot.training.episode import read_episodes
