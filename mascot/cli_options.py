@@ -18,8 +18,8 @@ DEFAULT_MODEL = "Qwen/Qwen3-0.6B"
 _DEFAULTS = {"max_tokens": 200, "temperature": 0.7, "timeout": 60.0}
 
 #: Where commands print results (stdout) and progress, warnings and errors (stderr).
-out = Console(highlight=False, soft_wrap=True)
-err = Console(stderr=True, highlight=False, soft_wrap=True)
+out = Console(highlight=False, soft_wrap=True, emoji=False)
+err = Console(stderr=True, highlight=False, soft_wrap=True, emoji=False)
 
 
 class UsageError(Exception):

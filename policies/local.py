@@ -119,7 +119,7 @@ class LocalBackend:
         self._last_rows = 1
         # async callers wait here: the event loop's default pool (cores + 4 threads) can be
         # smaller than a batch, which would cap the rows that ever meet in the queue
-        self.callers = ThreadPoolExecutor(max_workers=64, thread_name_prefix="mascot-generate")
+        self.callers = ThreadPoolExecutor(max_workers=max(64, 2 * max_batch), thread_name_prefix="mascot-generate")
 
     @classmethod
     def load(
@@ -279,8 +279,12 @@ class LocalBackend:
             if self._leader is None:  # the model is idle: start at once
                 self._leader = request
             self._queue_changed.notify_all()
-            while request.outcome is None and self._leader is not request:
-                self._queue_changed.wait()
+            try:
+                while request.outcome is None and self._leader is not request:
+                    self._queue_changed.wait()
+            except BaseException:  # interrupted while queued: leave, passing the lead on
+                self._withdraw(request)
+                raise
         if request.outcome is None:
             self._lead(request)
         if isinstance(request.outcome, BaseException):
@@ -294,10 +298,16 @@ class LocalBackend:
                 self._run(self._take_batch(head))
         finally:
             with self._queue_changed:
-                if head in self._queue:  # interrupted before its batch was taken
-                    self._queue.remove(head)
-                self._leader = self._queue[0] if self._queue else None
-                self._queue_changed.notify_all()
+                self._withdraw(head)
+
+    def _withdraw(self, request: _Request) -> None:
+        """Take ``request`` out of the queue if it is still there and, if it held the lead,
+        pass the lead to the oldest queued request (call with ``_queue_changed`` held)."""
+        if request in self._queue:
+            self._queue.remove(request)
+        if self._leader is request:
+            self._leader = self._queue[0] if self._queue else None
+        self._queue_changed.notify_all()
 
     def _take_batch(self, head: _Request) -> list[_Request]:
         """``head`` and the queued requests that may share its batch, oldest first, up to
@@ -338,6 +348,16 @@ class LocalBackend:
         outcomes: list[list[Generation] | BaseException] = [RuntimeError("the batch was interrupted")] * len(batch)
         try:
             # adapters are checked again: one may have been unloaded while the call was queued
+            stale = {id(request): exc for request in batch if (exc := self._stale(request)) is not None}
+            if stale:
+                for request in batch:
+                    if id(request) in stale:
+                        request.outcome = stale[id(request)]
+                batch = [request for request in batch if id(request) not in stale]
+                outcomes = outcomes[: len(batch)]
+                if not batch:
+                    return
+                head = batch[0]
             texts = [text for request in batch for text in request.texts]
             names = self._adapter_names([name for request in batch for name in request.adapters], len(texts))
             inputs = self.tokenizer(texts, return_tensors="pt", padding=True, add_special_tokens=False)
@@ -361,6 +381,14 @@ class LocalBackend:
                 for request, outcome in zip(batch, outcomes):
                     request.outcome = outcome
                 self._queue_changed.notify_all()
+
+    def _stale(self, request: _Request) -> ValueError | None:
+        """The error of a request naming an adapter unloaded since it was queued, if any."""
+        try:
+            self._adapter_names(request.adapters, len(request.texts))
+        except ValueError as exc:
+            return exc
+        return None
 
     def _reply(self, tokens: list[int], prompt_tokens: int, stop: Sequence[str] | None) -> Generation:
         done = [t for t in tokens if t != self.tokenizer.pad_token_id]

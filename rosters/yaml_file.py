@@ -41,13 +41,12 @@ def read_yaml(path: str | Path) -> object:
     """
     path = Path(path)
     try:
-        size = path.stat().st_size
-        if size > MAX_BYTES:
-            raise YamlFileError(f"{path}: file too large ({size / 2**20:.1f} MiB; "
-                                f"the limit is {MAX_BYTES // 2**20} MiB)")
-        raw = path.read_bytes()
+        with path.open("rb") as handle:  # read no more than the limit: pipes and devices have no size
+            raw = handle.read(MAX_BYTES + 1)
     except OSError as exc:
         raise YamlFileError(f"{path}: cannot read file ({exc.strerror or exc})") from None
+    if len(raw) > MAX_BYTES:
+        raise YamlFileError(f"{path}: file too large (over {MAX_BYTES // 2**20} MiB, the limit)")
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as exc:
@@ -59,6 +58,8 @@ def read_yaml(path: str | Path) -> object:
             return None
         _check_expansion(path, node)
         return loader.construct_document(node)
+    except YamlFileError:
+        raise
     except yaml.MarkedYAMLError as exc:
         mark = f":{exc.problem_mark.line + 1}" if exc.problem_mark is not None else ""
         problem = exc.problem or exc.context or "syntax error"
@@ -67,6 +68,9 @@ def read_yaml(path: str | Path) -> object:
         raise YamlFileError(f"{path}: malformed YAML ({str(exc).splitlines()[0]})") from None
     except RecursionError:
         raise YamlFileError(f"{path}: YAML nested too deeply") from None
+    except (ValueError, OverflowError, TypeError) as exc:  # a typed value that does not convert
+        problem = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        raise YamlFileError(f"{path}: bad YAML value ({problem})") from None
     finally:
         loader.dispose()
 
@@ -88,7 +92,7 @@ def _check_expansion(path: Path, root: yaml.Node) -> None:
             on_path.discard(key)
             sizes[key] = 1 + sum(sizes[id(kid)] for kid in kids)
             if sizes[key] > MAX_NODES:
-                raise YamlFileError(f"{path}: YAML aliases expand to more than {MAX_NODES:,} nodes")
+                raise YamlFileError(f"{path}: YAML holds more than {MAX_NODES:,} nodes once its aliases are expanded")
             continue
         if key in sizes:
             continue
@@ -107,12 +111,12 @@ def _check_expansion(path: Path, root: yaml.Node) -> None:
 
 def _check_keys(path: Path, node: yaml.MappingNode) -> None:
     """Refuse a mapping that names one key twice (YAML would silently keep the last)."""
-    seen: set[str] = set()
+    seen: set[tuple[str, str]] = set()
     for key, _ in node.value:
         if isinstance(key, yaml.ScalarNode) and key.tag != "tag:yaml.org,2002:merge":
-            if key.value in seen:
+            if (key.tag, key.value) in seen:  # 1 and '1' are different keys
                 raise YamlFileError(f"{path}:{key.start_mark.line + 1}: duplicate key '{key.value}'")
-            seen.add(key.value)
+            seen.add((key.tag, key.value))
 
 
 def _children(node: yaml.Node) -> list[yaml.Node]:

@@ -228,3 +228,58 @@ def test_async_calls_beyond_the_default_thread_pool_meet_in_one_batch(tiny_model
     replies = asyncio.run(all_at_once())  # the event loop's default pool holds only cores + 4 threads
     assert len(replies) == 16 and all(r.content is not None for r in replies)
     assert sum(rows) == 16 and max(rows) >= 12, rows
+
+
+def test_a_caller_interrupted_in_the_queue_does_not_stall_the_others(tiny_model: Path,
+                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    backend = personas_backend(tiny_model)
+    record_calls(monkeypatch, backend)  # the first generate takes 0.5 s: the others queue
+    first = threading.Thread(target=backend.generate, args=([CONVERSATION],), kwargs={"max_new_tokens": 2})
+    first.start()
+    time.sleep(0.1)
+
+    def interrupted_wait(*args: object) -> None:
+        raise KeyboardInterrupt
+
+    with monkeypatch.context() as patch:
+        patch.setattr(backend._queue_changed, "wait", interrupted_wait)
+        with pytest.raises(KeyboardInterrupt):
+            backend.generate([CONVERSATION], max_new_tokens=2)
+    first.join(timeout=30)
+    assert not backend._queue and backend._leader is None
+    done = concurrently([lambda: backend.generate([CONVERSATION], max_new_tokens=2)])
+    assert isinstance(done[0], list) and done[0][0].completion_tokens >= 1
+
+
+def test_an_adapter_unloaded_while_queued_fails_only_its_callers(tiny_model: Path,
+                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    backend = personas_backend(tiny_model)
+    record_calls(monkeypatch, backend)
+    outcomes: list = []
+
+    def unload_then_ask() -> None:
+        time.sleep(0.1)  # while the first batch generates: queue two calls, then unload one's adapter
+        threads = [threading.Thread(target=lambda a=a: outcomes.append(
+            (a, _outcome(lambda: backend.generate([CONVERSATION], adapters=[a], max_new_tokens=2)))))
+            for a in ("anchor", "catalyst")]
+        for thread in threads:
+            thread.start()
+        time.sleep(0.1)
+        backend.adapter_versions.pop("anchor")  # what unload_adapter records, without waiting for the lock
+        for thread in threads:
+            thread.join(timeout=30)
+
+    helper = threading.Thread(target=unload_then_ask)
+    helper.start()
+    backend.generate([CONVERSATION], max_new_tokens=2)
+    helper.join(timeout=60)
+    results = dict(outcomes)
+    assert isinstance(results["anchor"], ValueError) and "unknown adapter anchor" in str(results["anchor"])
+    assert isinstance(results["catalyst"], list)
+
+
+def _outcome(call: object) -> object:
+    try:
+        return call()  # type: ignore[operator]
+    except ValueError as exc:
+        return exc

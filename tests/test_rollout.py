@@ -226,3 +226,10 @@ def test_redaction_masks_values_never_keys_or_structure(tmp_path: Path) -> None:
                         "text": ["key sk-test-abcdef123456", "tok-0123456789abcdefXYZ", "assistant"]})
     record = json.loads(path.read_text())
     assert record == {"role": "assistant", "sk-test-abcdef123456": 1, "text": ["key ***", "***", "assistant"]}
+
+
+def test_placeholder_keys_are_not_masked_out_of_records(tmp_path: Path) -> None:
+    """Local servers take any key; masking a word like "anything" would blank it out of data."""
+    redact = Redactor.from_environment(["LOCAL_KEY", "SHORT_KEY"], environ={
+        "LOCAL_KEY": "anything", "SHORT_KEY": "key12345"})
+    assert redact("Is there anything else? key12345") == "Is there anything else? ***"

@@ -64,6 +64,12 @@ class LoraRecipe:
     training: Any = None
 
     def __post_init__(self) -> None:
+        # a recipe file's values reach here unconverted: "lora_r: null" is None, not an int
+        hints = get_type_hints(type(self))
+        for f in fields(self):
+            kind, value = hints.get(f.name), getattr(self, f.name)
+            if kind in (int, float, bool, str) and not _is_a(value, kind):
+                raise ValueError(f"{f.name}={value!r}: must be {'a number' if kind is float else kind.__name__}")
         if self.lora_r < 1 or self.lora_alpha <= 0:
             raise ValueError(f"lora_r={self.lora_r}, lora_alpha={self.lora_alpha}: both must be positive")
         if not 0.0 <= self.lora_dropout < 1.0:
@@ -152,10 +158,13 @@ class LoraRecipe:
             raise ValueError(f"ModelConfig field(s) {', '.join(extra)} are not used by mascot; "
                              f"it reads {', '.join(LORA_FIELDS)} and model_name_or_path")
         targets = model.lora_target_modules
-        config = cls(**{f.name: getattr(mine, f.name) for f in ours},
-                     **{name: getattr(model, name) for name in LORA_FIELDS[:3]},
-                     lora_target_modules=targets[0] if targets == ["all-linear"] else targets,
-                     training=trainer)
+        try:
+            config = cls(**{f.name: getattr(mine, f.name) for f in ours},
+                         **{name: getattr(model, name) for name in LORA_FIELDS[:3]},
+                         lora_target_modules=targets[0] if targets == ["all-linear"] else targets,
+                         training=trainer)
+        except TypeError as exc:  # a value of the wrong type that a field's check compared
+            raise ValueError(f"a setting has the wrong type ({str(exc).splitlines()[0]})") from None
         return config, model.model_name_or_path
 
     @classmethod
@@ -202,3 +211,13 @@ def recipe_path(name: str | Path) -> Path:
 
 def _refuse(message: str) -> None:
     raise ValueError(message)
+
+
+def _is_a(value: Any, kind: type) -> bool:
+    """Whether a setting's value has its field's simple type (an int is a float; a bool is
+    not a number)."""
+    if kind is bool:
+        return isinstance(value, bool)
+    if isinstance(value, bool):
+        return False
+    return isinstance(value, (int, float)) if kind is float else isinstance(value, kind)

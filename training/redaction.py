@@ -8,6 +8,8 @@ import os
 import re
 from collections.abc import Iterable, Mapping
 
+logger = logging.getLogger(__name__)
+
 #: What a masked secret is replaced with.
 MASK = "***"
 #: Environment variables whose values are treated as secrets besides the named ones.
@@ -37,13 +39,16 @@ class Redactor:
     ) -> Redactor:
         """Secrets from the environment: the named variables, and every variable whose
         name ends in KEY, TOKEN, SECRET, PASSWORD or CREDENTIALS and whose value has at
-        least 16 characters."""
+        least 16 characters. A named value shorter than 16 characters without a digit
+        ("anything", "not-needed": placeholder keys of local servers) is an ordinary
+        word that masking would blank out of every record, so it is not masked."""
         environ = os.environ if environ is None else environ
         wanted = set(names)
         return cls(
             value
             for name, value in environ.items()
-            if name in wanted or (_SECRET_NAME.search(name) and len(value) >= _MIN_GUESSED_LENGTH)
+            if (name in wanted and _looks_secret(name, value))
+            or (_SECRET_NAME.search(name) and len(value) >= _MIN_GUESSED_LENGTH)
         )
 
     def __call__(self, text: str) -> str:
@@ -55,6 +60,15 @@ class Redactor:
 
     def __bool__(self) -> bool:
         return bool(self._secrets)
+
+
+def _looks_secret(name: str, value: str) -> bool:
+    """Whether the value of a variable named as holding a key is worth masking."""
+    if len(value) >= _MIN_GUESSED_LENGTH or (len(value) >= _MIN_SECRET_LENGTH and any(c.isdigit() for c in value)):
+        return True
+    if len(value) >= _MIN_SECRET_LENGTH:
+        logger.warning("%s looks like a placeholder key (short, no digits): it is not masked in records", name)
+    return False
 
 
 #: Environment variables named as holding API keys (policy files' ``api_key_env``) so far.

@@ -99,6 +99,9 @@ HOSTILE: dict[str, Callable[[bytes], bytes]] = {
     "a list": lambda valid: b"- 1\n- 2\n",
     "duplicate key": lambda valid: valid + valid.splitlines(keepends=True)[0],
     "tab indentation": lambda valid: b"version: 1\nroles:\n\tdefault: {}\n",
+    "impossible date": lambda valid: valid + b"created: 2024-02-30\n",
+    "5000-digit integer": lambda valid: valid + b"big: " + b"9" * 5000 + b"\n",
+    "bad typed value": lambda valid: valid + b"typed: !!int abc\n",
 }
 
 
@@ -186,4 +189,10 @@ def test_the_installed_command_exits_2_without_a_traceback(kind: str, tmp_path: 
     assert result.returncode == 2 and "Traceback" not in result.stderr
     flag = "--config " if kind == "recipe" else ""
     assert result.stderr.strip().splitlines() == [
-        f"mascot: error: {flag}{path}: YAML aliases expand to more than 200,000 nodes"]
+        f"mascot: error: {flag}{path}: YAML holds more than 200,000 nodes once its aliases are expanded"]
+
+
+def test_a_device_with_no_end_is_refused_within_the_size_limit(capsys: pytest.CaptureFixture[str]) -> None:
+    code, stderr, seconds, peak = run(["serve", "--policies", "/dev/zero", "--engine", "vllm", "--dry-run"], capsys)
+    assert_refused(code, stderr, Path("/dev/zero"))
+    assert "file too large" in stderr and seconds < 5 and peak < 64

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import os
 import subprocess
+import tempfile
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -33,17 +34,19 @@ def lines(path: Path) -> int:
 
 def kill_when(args: list[str], reached: Callable[[], bool], *, timeout: float = 300) -> None:
     """Start ``mascot ARGS`` and SIGKILL it the moment ``reached()`` holds; it must still run."""
-    process = subprocess.Popen([MASCOT, *args], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                               env={**os.environ, "HF_HUB_OFFLINE": "1"})
-    deadline = time.monotonic() + timeout
-    while not reached():
-        if process.poll() is not None:
-            raise AssertionError(f"mascot {args[0]} ended before the crash point: {process.stderr.read()[-2000:]!r}")
-        assert time.monotonic() < deadline, "the crash point was never reached"
-        time.sleep(0.01)
-    process.kill()
-    process.wait(timeout=30)
-    assert process.returncode == -9
+    with tempfile.TemporaryFile() as errors:  # a pipe nobody reads could fill and stall the run
+        process = subprocess.Popen([MASCOT, *args], stdout=subprocess.DEVNULL, stderr=errors,
+                                   env={**os.environ, "HF_HUB_OFFLINE": "1"})
+        deadline = time.monotonic() + timeout
+        while not reached():
+            if process.poll() is not None:
+                errors.seek(0)
+                raise AssertionError(f"mascot {args[0]} ended before the crash point: {errors.read()[-2000:]!r}")
+            assert time.monotonic() < deadline, "the crash point was never reached"
+            time.sleep(0.01)
+        process.kill()
+        process.wait(timeout=30)
+    assert process.returncode == -9, "the run ended by itself before the kill landed"
 
 
 def restart(args: list[str]) -> subprocess.CompletedProcess[str]:
@@ -84,12 +87,13 @@ def test_rollout_killed_three_times_then_finished(server: StubServer, uninterrup
             with out.open("a") as handle:
                 handle.write('{"id": "torn-record", "messages": [{"role": "us')
         count(crashes_survived=1)
+    before = lines(out)
     result = restart(args)
     expected = [e["id"] for e in records(uninterrupted["episodes"])]
     got = [e["id"] for e in records(out)]
     count(items_done=len(set(got)), items_lost=len(set(expected) - set(got)))
     assert sorted(got) == sorted(expected)  # same ids, each once, nothing torn
-    assert "0 failed" in result.stdout and "(1 new, 11 already there)" in result.stdout
+    assert "0 failed" in result.stdout and f"({EPISODES - before} new, {before} already there)" in result.stdout
 
 
 def judge_args(server: StubServer, episodes: Path, out: Path) -> list[str]:

@@ -88,7 +88,7 @@ ATTACKS: list[tuple[str, str, str, dict[str, str], Any, int]] = [
      {"lora_name": "evil", "lora_path": "%2e%2e/%2e%2e/etc"}, 400),
     ("NUL byte in path", "POST", "/v1/load_lora_adapter", AUTH, {"lora_name": "evil", "lora_path": "anchor\x00"}, 400),
     ("name with a slash", "POST", "/v1/load_lora_adapter", AUTH, {"lora_name": "../x", "lora_path": "anchor"}, 400),
-    ("base model's name", "POST", "/v1/unload_lora_adapter", AUTH, {"lora_name": "nobody"}, 404),
+    ("unload an unknown adapter", "POST", "/v1/unload_lora_adapter", AUTH, {"lora_name": "nobody"}, 404),
     ("oversized body", "POST", "/v1/chat/completions", AUTH,
      {**CHAT, "messages": [{"role": "user", "content": "x" * (2 << 20)}]}, 413),
     ("lying Content-Length", "POST", "/v1/chat/completions", {**AUTH, "Content-Length": "abc"}, b"{}", 400),
