@@ -121,22 +121,18 @@ def mask_secrets_in_logs(policies: Policies | None = None) -> Redactor:
     """Mask API keys (named by the policies, or secret-looking environment variables)
     in everything logged or printed as an error from now on; return the redactor for
     files too."""
-    global _redactor
-    names = [spec.api_key_env for spec in (policies.specs.values() if policies else ()) if spec.api_key_env]
-    add_secret_variables(names)
-    _redactor = file_redactor()
-    log_filter = RedactingFilter(_redactor)
+    add_secret_variables(spec.api_key_env for spec in (policies.specs.values() if policies else ())
+                         if spec.api_key_env)
+    redactor = file_redactor()
+    log_filter = RedactingFilter(redactor)
     for handler in logging.getLogger().handlers:
         handler.addFilter(log_filter)
-    return _redactor
+    return redactor
 
 
 def masked(text: str) -> str:
     """``text`` with the secrets known so far masked (for error lines)."""
-    return (_redactor or Redactor.from_environment())(text)
-
-
-_redactor: Redactor | None = None
+    return file_redactor()(text)
 
 
 def add_recipe_flags(parser: argparse.ArgumentParser, ours: str, trainer: str) -> None:

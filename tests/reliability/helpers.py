@@ -18,6 +18,22 @@ def mascot(*args: str, env: dict[str, str] | None = None, timeout: float = 300) 
                           env={**os.environ, "HF_HUB_OFFLINE": "1", **(env or {})})
 
 
+def write_warm_over_curt_pairs(episodes: Path, folder: Path) -> Path:
+    """Preference pairs on every persona turn of ``episodes``: a warm reply over a curt one."""
+    from mascot.policies.local_chat import to_chat
+    from mascot.rosters import load_roster
+    from mascot.training.candidates import candidate_contexts
+    from mascot.training.episode import read_episodes
+    from mascot.training.pairs import JudgedCandidate, build_pairs, write_pairs
+
+    judged = [JudgedCandidate(context_id=c.context_id, prompt=to_chat(c.prompt), persona=c.persona, reply=reply,
+                              overall=overall)
+              for c in candidate_contexts(read_episodes(episodes), load_roster("emotional_support"))
+              for reply, overall in (("That sounds hard. What would help most tonight?", 90.0), ("fine.", 10.0))]
+    write_pairs(build_pairs(judged, test_fraction=0.0), folder)
+    return folder
+
+
 def records(path: Path) -> list[dict[str, Any]]:
     """Every line of a JSONL file, which must all be whole JSON objects (no torn records)."""
     text = path.read_text(encoding="utf-8")

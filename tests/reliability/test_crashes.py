@@ -17,11 +17,8 @@ import pytest
 from mascot.cli import main
 from mascot.rosters import load_roster
 from mascot.stub_server import StubConfig, StubServer, start_stub_server
-from mascot.training.candidates import candidate_contexts
-from mascot.training.episode import read_episodes
-from mascot.training.pairs import JudgedCandidate, build_pairs, write_pairs
 
-from helpers import MASCOT, mascot, records
+from helpers import MASCOT, mascot, records, write_warm_over_curt_pairs
 from suite_tally import count
 
 ROSTER = load_roster("emotional_support")
@@ -128,16 +125,8 @@ STEPS = 4
 
 @pytest.fixture(scope="module")
 def pairs(uninterrupted: dict[str, Path], tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """Preference pairs on every persona turn of the rollout: a warm reply over a curt one."""
-    from mascot.policies.local_chat import to_chat
-
-    judged = [JudgedCandidate(context_id=c.context_id, prompt=to_chat(c.prompt), persona=c.persona, reply=reply,
-                              overall=overall)
-              for c in candidate_contexts(read_episodes(uninterrupted["episodes"]), ROSTER)
-              for reply, overall in (("That sounds hard. What would help most tonight?", 90.0), ("fine.", 10.0))]
-    folder = tmp_path_factory.mktemp("pairs")
-    write_pairs(build_pairs(judged, test_fraction=0.0), folder)
-    return folder
+    """Preference pairs on every persona turn of the rollout."""
+    return write_warm_over_curt_pairs(uninterrupted["episodes"], tmp_path_factory.mktemp("pairs"))
 
 
 def train_args(tiny_model: Path, pairs: Path, out: Path) -> list[str]:

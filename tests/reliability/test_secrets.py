@@ -13,7 +13,7 @@ import yaml
 from mascot.cli import main
 from mascot.stub_server import StubConfig, start_stub_server
 
-from helpers import mascot
+from helpers import mascot, write_warm_over_curt_pairs
 from suite_tally import count
 
 SENTINEL = "sk-SENTINEL-7f3a9d21c4e8b065"
@@ -55,42 +55,10 @@ def test_the_key_reaches_no_file_nor_output(tiny_model: Path, tmp_path: Path, mo
     for name, value in ENV.items():
         monkeypatch.setenv(name, value)
     # in this process, whose training imports are paid already
-    assert main(["train-rm", "--pairs", str(_pairs(tmp_path)), "--base", str(tiny_model), "--out", str(tmp_path / "rm"),
+    assert main(["train-rm", "--pairs", str(write_warm_over_curt_pairs(tmp_path / "episodes.jsonl", tmp_path / "pairs")), "--base", str(tiny_model), "--out", str(tmp_path / "rm"),
                  "--max_steps", "1"]) == 0
     outputs.extend(capsys.readouterr())
     assert "Bearer ***" in (tmp_path / "trace.jsonl").read_text()  # the echoed key was there, masked
     checked = scan(tmp_path, outputs)
     count(inputs_tried=checked)
     assert checked > 20
-
-
-def _pairs(tmp_path: Path) -> Path:
-    """A few preference pairs from the rolled-out episodes."""
-    from mascot.policies.local_chat import to_chat
-    from mascot.rosters import load_roster
-    from mascot.training.candidates import candidate_contexts
-    from mascot.training.episode import read_episodes
-    from mascot.training.pairs import JudgedCandidate, build_pairs, write_pairs
-
-    roster = load_roster("emotional_support")
-    judged = [JudgedCandidate(context_id=c.context_id, prompt=to_chat(c.prompt), persona=c.persona, reply=reply,
-                              overall=overall)
-              for c in candidate_contexts(read_episodes(tmp_path / "episodes.jsonl"), roster)
-              for reply, overall in (("I hear you; what would help?", 90.0), ("fine.", 10.0))]
-    write_pairs(build_pairs(judged, test_fraction=0.0), tmp_path / "pairs")
-    return tmp_path / "pairs"
-
-
-@pytest.mark.parametrize("flag", ["--api-key-env", "--judge-api-key-env"])
-def test_a_key_on_the_command_line_is_not_echoed_in_errors(flag: str, tmp_path: Path) -> None:
-    """Naming the key itself where a variable name belongs gets an error that does not repeat it."""
-    args = {"--api-key-env": ["rollout", "--roster", "emotional_support", "--base-url", "http://127.0.0.1:9/v1",
-                              "--model", "m", "--api-key-env", SENTINEL, "--out", str(tmp_path / "e.jsonl")],
-            "--judge-api-key-env": ["eval", "--roster", "emotional_support", "--policies", str(tmp_path / "p.yaml"),
-                                    "--judge-model", "m", "--judge-base-url", "http://127.0.0.1:9/v1",
-                                    "--judge-api-key-env", SENTINEL, "--out", str(tmp_path / "eval")]}[flag]
-    (tmp_path / "p.yaml").write_text("version: 1\nroles:\n  default: {kind: openai, base_url: 'http://127.0.0.1:9/v1', "
-                                     "model: m}\n")
-    result = mascot(*args, env=ENV)
-    count(inputs_tried=1)
-    assert result.returncode == 2 and SENTINEL not in result.stdout + result.stderr, result.stderr
