@@ -51,3 +51,13 @@ def episodes(roster: Roster, tmp_path_factory: pytest.TempPathFactory) -> list:
     asyncio.run(collect_episodes(graph, load_scenarios(roster.id)[:2], roster.user_profiles[:1],
                                  roster=roster.id, out=out))
     return read_episodes(out)
+
+
+@pytest.fixture(scope="session")
+def offline_model() -> Path:
+    """The offline instruction-tuned model folder (``mascot offline-model --out DIR``),
+    named by ``MASCOT_OFFLINE_MODEL``; tests that need it are skipped without it."""
+    folder = os.environ.get("MASCOT_OFFLINE_MODEL")
+    if not folder or not Path(folder, "config.json").is_file():
+        pytest.skip("set MASCOT_OFFLINE_MODEL to a folder made by `mascot offline-model` (.ci/run does)")
+    return Path(folder)
