@@ -22,6 +22,7 @@ from langgraph.types import Command
 from mascot.cli_episodes import add_commands as add_episode_commands
 from mascot.cli_eval import add_commands as add_eval_commands
 from mascot.cli_eval import add_show_command
+from mascot.cli_offline_model import add_commands as add_offline_model_commands
 from mascot.cli_pipeline import add_commands as add_pipeline_commands
 from mascot.cli_options import (
     UsageError,
@@ -42,6 +43,7 @@ from mascot.graphs import (
     create_director_graph,
     openai_messages,
 )
+from mascot.offline_model import OfflineModelError
 from mascot.policies import PolicyError
 from mascot.rosters import (
     Roster,
@@ -75,7 +77,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         return args.run(args)
     except (UsageError, RosterError, PolicyError, JsonlError, CheckpointImportError, RolloutError,
-            RubricError, PairsError, FileNotFoundError) as exc:
+            RubricError, PairsError, OfflineModelError, FileNotFoundError) as exc:
         return _fail(str(exc))
     except openai.APIConnectionError as exc:
         return _fail(f"cannot reach the model server: {exc.__cause__ or exc}; is it running at that --base-url?")
@@ -143,6 +145,7 @@ def _parser() -> argparse.ArgumentParser:
     add_eval_commands(commands)
     add_show_command(commands)
     add_pipeline_commands(commands)
+    add_offline_model_commands(commands)
 
     tiny = commands.add_parser("tiny-model", help="build a tiny random-weight model offline")
     tiny.add_argument("--out", required=True, metavar="DIR")

