@@ -1,40 +1,38 @@
 """The local in-process backend: one transformers base model, any number of LoRA adapters.
 
 This is the only module of ``mascot.policies`` that imports torch; it needs the
-``train`` extra.
+``train`` extra. Its parts live beside it: prompt encoding (``chat_encoding``), per-row
+sampling (``sampling``), JSON-schema grammars (``grammar``), the micro-batcher
+(``batcher``) and the dtype choice (``precision``).
 """
 
 from __future__ import annotations
 
 import logging
-import os
 import threading
-import time
-import warnings
 from collections.abc import Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from contextlib import contextmanager
 from dataclasses import dataclass
 from itertools import islice
 from pathlib import Path
 from typing import Any
 
-import httpx
 import torch
-from huggingface_hub import try_to_load_from_cache
-from transformers import AutoModelForCausalLM, AutoTokenizer, TextIteratorStreamer
-from transformers.utils import logging as hf_logging
+from transformers import LogitsProcessorList, TextIteratorStreamer
 
-from mascot.policies.spec import PolicyError
+from mascot.policies.batcher import Job, MicroBatcher
+from mascot.policies.chat_encoding import ChatEncoder, check_template_kwargs, left_pad
+from mascot.policies.grammar import GrammarCache, GrammarProcessor
+from mascot.policies.model_loading import LocalModelError, load_model, quiet_loading, resolve_model
+from mascot.policies.sampling import GREEDY_GENERATE, RowSampler, Sampling, row_seeds, sampling_for
+from mascot.policies.thinking import chat_template_kwargs as default_template_kwargs
+
+# loading helpers live in model_loading; many callers import them from here
+__all__ = ["Generation", "LocalBackend", "LocalModelError", "cut_at_stop", "quiet_loading", "resolve_model"]
 
 logger = logging.getLogger(__name__)
 
 _BASE = "__base__"  # PEFT's name for "no adapter" in per-row adapter_names
-_HUB_PROBE_TIMEOUT_S = 3.0
-
-
-class LocalModelError(PolicyError):
-    """The local model or an adapter cannot be loaded; the message says how to fix it."""
 
 
 @dataclass(frozen=True)
@@ -46,41 +44,31 @@ class Generation:
     completion_tokens: int
 
 
-@dataclass(eq=False)
-class _Request:
-    """One ``generate`` call, queued until a batch serves it."""
+@dataclass(frozen=True)
+class _Call:
+    """One ``generate`` call, ready for a batch: prompt ids and settings per row."""
 
-    texts: list[str]
+    prompts: list[list[int]]
     adapters: list[str | None]
     max_new_tokens: int
-    temperature: float
-    top_p: float
-    seed: int | None
+    sampling: Sampling
+    seeds: list[int]
+    grammar: Any  # an xgrammar CompiledGrammar, or None
     stop: Sequence[str] | None
-    outcome: list[Generation] | BaseException | None = None
-
-    @property
-    def sampling(self) -> tuple[float, float] | None:
-        """What the requests of one batch must share; ``None`` for a seeded request, which
-        runs alone because it draws from its own random stream."""
-        if self.seed is not None:
-            return None
-        return (0.0, 0.0) if self.temperature == 0 else (self.temperature, self.top_p)
 
 
 class LocalBackend:
     """A base causal LM in memory with named LoRA adapters, shared by many roles.
 
-    Concurrent ``generate`` calls are micro-batched. A call that finds the model idle runs
-    at once; calls that arrive while a batch is generating wait in a queue, and the next
-    batch takes the oldest of them together with every queued call of the same sampling
-    settings (temperature, top_p), up to ``max_batch`` rows, into one ``model.generate``
-    that picks the adapter per row (``adapter_names``) and runs to the longest
-    ``max_new_tokens``, each reply cut to its own. Under load (the previous batch had
-    several rows) a batch first waits up to ``batch_window_s`` for as many rows to queue,
-    since the callers just served are usually about to ask again. Seeded calls run alone,
-    so their replies do not depend on what else was asked. One lock guards the model:
-    PEFT's active adapter is global state, so adapters change only between batches.
+    Concurrent ``generate`` calls are micro-batched (see ``batcher.MicroBatcher``), up to
+    ``max_batch`` rows in one ``model.generate`` that picks the adapter per row
+    (``adapter_names``) and runs to the longest ``max_new_tokens``, each reply cut to its
+    own. Any calls may share a batch: every row samples with its own settings and its own
+    random stream (see ``sampling.RowSampler``) and follows its own grammar or none, so a
+    seeded reply does not depend on what else was asked. Prompts are encoded so that
+    message text never becomes a control token (see ``chat_encoding``). One lock guards
+    the model: PEFT's active adapter is global state, so adapters change only between
+    batches.
     """
 
     def __init__(
@@ -102,24 +90,30 @@ class LocalBackend:
         Raises:
             ValueError: if ``max_batch`` < 1 or ``batch_window_s`` < 0.
         """
-        if max_batch < 1:
-            raise ValueError(f"max_batch must be at least 1 (1 turns batching off), got {max_batch}")
-        if batch_window_s < 0:
-            raise ValueError(f"batch_window_s must be 0 or more seconds, got {batch_window_s}")
         self.model = model
         self.tokenizer = tokenizer
         self.name = name
         self.adapter_versions = dict(adapter_versions or {})
-        self.max_batch = max_batch
-        self.batch_window_s = batch_window_s
         self._lock = threading.Lock()  # the model: one generation or adapter change at a time
-        self._queue_changed = threading.Condition()  # guards the queue, the leader, outcomes
-        self._queue: list[_Request] = []
-        self._leader: _Request | None = None  # the queued request whose caller runs the next batch
-        self._last_rows = 1
+        self.batcher: MicroBatcher[_Call] = MicroBatcher(self._run, self._lock, max_batch=max_batch,
+                                                         batch_window_s=batch_window_s)
+        self.encoder = ChatEncoder(tokenizer)
+        eos = model.generation_config.eos_token_id
+        eos = tokenizer.eos_token_id if eos is None else eos
+        self.grammars = GrammarCache(tokenizer, vocab_size=model.config.vocab_size,
+                                     stop_token_ids=eos if isinstance(eos, list) else [eos])
         # async callers wait here: the event loop's default pool (cores + 4 threads) can be
         # smaller than a batch, which would cap the rows that ever meet in the queue
         self.callers = ThreadPoolExecutor(max_workers=max(64, 2 * max_batch), thread_name_prefix="mascot-generate")
+
+    @property
+    def max_batch(self) -> int:
+        """Most rows in one ``model.generate`` (settable; 1 serves calls one at a time)."""
+        return self.batcher.max_batch
+
+    @max_batch.setter
+    def max_batch(self, rows: int) -> None:
+        self.batcher.max_batch = rows
 
     @classmethod
     def load(
@@ -129,6 +123,7 @@ class LocalBackend:
         adapters: Mapping[str, str | Path] | None = None,
         adapter_versions: Mapping[str, str | None] | None = None,
         device: str | None = None,
+        dtype: str | None = None,
         max_batch: int = 8,
         batch_window_s: float = 0.005,
     ) -> LocalBackend:
@@ -139,6 +134,9 @@ class LocalBackend:
             adapters: Adapter name -> PEFT adapter directory.
             adapter_versions: Adapter name -> version recorded with each reply.
             device: ``cpu``, ``cuda``, ...; defaults to CUDA when available.
+            dtype: ``None`` picks bfloat16 where the device computes it natively and
+                float32 elsewhere (``precision.default_dtype``); or one of
+                ``precision.DTYPES`` (``auto`` = the model config's dtype).
             max_batch: Most rows in one ``model.generate`` (see the class); 1 disables
                 batching.
             batch_window_s: Longest wait for more calls to join a batch under load.
@@ -149,35 +147,9 @@ class LocalBackend:
         Raises:
             LocalModelError: if the model is neither a local directory nor reachable
                 (offline, not cached), has no chat template, or an adapter is missing.
+            ValueError: on an unknown ``dtype`` name.
         """
-        source = resolve_model(model)
-        device = device or ("cuda" if torch.cuda.is_available() else "cpu")
-        dtype = torch.bfloat16 if device.startswith("cuda") else torch.float32
-        tokenizer = AutoTokenizer.from_pretrained(source)
-        if tokenizer.chat_template is None:
-            raise LocalModelError(
-                f"model '{model}' has no chat template; use an instruction-tuned model "
-                "(e.g. Qwen/Qwen3-0.6B) or one made by `mascot tiny-model`"
-            )
-        tokenizer.padding_side = "left"
-        if tokenizer.pad_token is None:
-            tokenizer.pad_token = tokenizer.eos_token
-        with quiet_loading():
-            base = AutoModelForCausalLM.from_pretrained(source, dtype=dtype).to(device)
-        base.eval()
-        for name, path in (adapters or {}).items():
-            if not Path(path, "adapter_config.json").is_file():
-                raise LocalModelError(f"adapter '{name}': no PEFT adapter at {path} (adapter_config.json missing)")
-        if adapters:
-            from peft import PeftModel  # only needed when adapters are used
-
-            items = list(adapters.items())
-            with quiet_loading():
-                base = PeftModel.from_pretrained(base, str(items[0][1]), adapter_name=items[0][0])
-            for name, path in items[1:]:
-                base.load_adapter(str(path), adapter_name=name)
-            base.eval()
-        logger.info("loaded %s on %s with adapters %s", model, device, sorted(adapters or {}))
+        base, tokenizer = load_model(model, adapters=adapters, device=device, dtype=dtype)
         versions = {name: (adapter_versions or {}).get(name) for name in adapters or {}}
         return cls(base, tokenizer, name=model, adapter_versions=versions, max_batch=max_batch,
                    batch_window_s=batch_window_s)
@@ -236,156 +208,127 @@ class LocalBackend:
         *,
         adapters: Sequence[str | None] | None = None,
         max_new_tokens: int = 256,
-        temperature: float = 0.7,
-        top_p: float = 0.95,
+        temperature: float | None = None,
+        top_p: float | None = None,
+        top_k: int | None = None,
+        repetition_penalty: float | None = None,
         seed: int | None = None,
         stop: Sequence[str] | None = None,
         chat_template_kwargs: Mapping[str, Any] | None = None,
+        json_schema: Mapping[str, Any] | None = None,
     ) -> list[Generation]:
         """Generate one reply per conversation, each with its own adapter.
 
         The rows of one call always share a batch; concurrent calls may join it (see the
-        class), which leaves greedy replies unchanged up to floating-point rounding.
+        class), which leaves each reply unchanged up to floating-point rounding.
 
         Args:
             conversations: Chat messages (``role``/``content`` dicts) per row.
             adapters: Adapter name per row (``None`` = the base model).
             max_new_tokens: Length limit per reply.
-            temperature: Sampling temperature; 0 decodes greedily.
+            temperature: Sampling temperature; 0 decodes greedily. ``None`` (like
+                ``top_p``, ``top_k`` and ``repetition_penalty``) takes the model's
+                generation config's value (see ``sampling.sampling_for``).
             top_p: Nucleus sampling mass.
-            seed: Seeds sampling for reproducible replies; a seeded call runs alone.
+            top_k: Likeliest tokens kept; 0 = off.
+            repetition_penalty: Penalty on tokens already in the row; 1 = off.
+            seed: Seeds row ``i``'s random stream with ``seed + i``, for reproducible
+                replies; ``None`` draws fresh seeds.
             stop: Strings at which a reply is cut.
-            chat_template_kwargs: Extra variables for the chat template
-                (e.g. ``enable_thinking``).
+            chat_template_kwargs: Chat-template variables; ``None`` = mascot's one
+                setting (``thinking.chat_template_kwargs()``).
+            json_schema: Constrain every reply to JSON valid under this schema (needs
+                xgrammar; compiled once per schema). A reply cut by ``max_new_tokens`` is
+                incomplete JSON.
 
         Returns:
             One generation per conversation, in order.
 
         Raises:
-            ValueError: on an unknown adapter name or a length mismatch.
+            ValueError: on no conversations, an unknown adapter name, a length mismatch or
+                a sampling value out of range.
+            PromptError: if the chat template rejects a conversation or a variable.
+            GrammarError: if the schema cannot be compiled.
+            ImportError: for a schema when xgrammar is not installed.
         """
+        call = self._prepare(conversations, adapters, max_new_tokens=max_new_tokens, temperature=temperature,
+                             top_p=top_p, top_k=top_k, repetition_penalty=repetition_penalty, seed=seed, stop=stop,
+                             chat_template_kwargs=chat_template_kwargs, json_schema=json_schema)
+        return self.batcher.submit(call, rows=len(call.prompts))
+
+    def _prepare(
+        self,
+        conversations: Sequence[Sequence[Mapping[str, str]]],
+        adapters: Sequence[str | None] | None,
+        *,
+        max_new_tokens: int,
+        seed: int | None,
+        stop: Sequence[str] | None,
+        chat_template_kwargs: Mapping[str, Any] | None,
+        json_schema: Mapping[str, Any] | None,
+        **sampling: Any,
+    ) -> _Call:
+        """Check a call's arguments and encode its prompts (in the caller's thread)."""
+        if not conversations:  # an empty call would fail the whole batch it joined
+            raise ValueError("generate needs at least one conversation")
         self._adapter_names(adapters, len(conversations))
-        request = _Request(
-            texts=self._render(conversations, chat_template_kwargs),
+        variables = default_template_kwargs() if chat_template_kwargs is None else chat_template_kwargs
+        variables = check_template_kwargs(variables)
+        return _Call(
+            prompts=[self.encoder.encode(conversation, variables) for conversation in conversations],
             adapters=list(adapters) if adapters is not None else [None] * len(conversations),
             max_new_tokens=max_new_tokens,
-            temperature=temperature,
-            top_p=top_p,
-            seed=seed,
+            sampling=sampling_for(self.model.generation_config, **sampling),
+            seeds=row_seeds(seed, len(conversations)),
+            grammar=self.grammars.compile(json_schema) if json_schema is not None else None,
             stop=stop,
         )
-        with self._queue_changed:
-            self._queue.append(request)
-            if self._leader is None:  # the model is idle: start at once
-                self._leader = request
-            self._queue_changed.notify_all()
-            try:
-                while request.outcome is None and self._leader is not request:
-                    self._queue_changed.wait()
-            except BaseException:  # interrupted while queued: leave, passing the lead on
-                self._withdraw(request)
-                raise
-        if request.outcome is None:
-            self._lead(request)
-        if isinstance(request.outcome, BaseException):
-            raise request.outcome
-        return request.outcome
 
-    def _lead(self, head: _Request) -> None:
-        """Run the batch of ``head``, the oldest queued request, then pass the lead on."""
+    def _run(self, batch: list[Job[_Call]]) -> list[list[Generation] | BaseException]:
+        """One ``model.generate`` for the rows of ``batch`` (the batcher holds the lock);
+        a request naming an adapter unloaded since it was queued gets its own error."""
+        outcomes: list[list[Generation] | BaseException | None] = [self._stale(job.payload) for job in batch]
+        calls = [job.payload for job, outcome in zip(batch, outcomes) if outcome is None]
+        if calls:
+            replies = iter(self._generate_rows(calls))
+            outcomes = [next(replies) if outcome is None else outcome for outcome in outcomes]
+        return outcomes  # type: ignore[return-value]  # every None was replaced
+
+    def _generate_rows(self, calls: list[_Call]) -> list[list[Generation]]:
+        prompts = [prompt for call in calls for prompt in call.prompts]
+        names = self._adapter_names([name for call in calls for name in call.adapters], len(prompts))
+        inputs = left_pad(prompts, self.tokenizer.pad_token_id, self.model.device)
+        width = inputs["input_ids"].shape[1]
+        processors = self._processors(
+            [call.sampling for call in calls for _ in call.prompts],
+            [seed for call in calls for seed in call.seeds],
+            [call.grammar for call in calls for _ in call.prompts],
+            [width - len(prompt) for prompt in prompts],
+        )
+        limit = max(call.max_new_tokens for call in calls)
+        with torch.no_grad():
+            output = self.model.generate(**inputs, **self._decoding(limit), logits_processor=processors, **names)
+        per_row = iter(zip(output[:, width:].tolist(), (len(prompt) for prompt in prompts)))
+        return [[self._reply(tokens[: call.max_new_tokens], prompt_tokens, call.stop)
+                 for tokens, prompt_tokens in islice(per_row, len(call.prompts))] for call in calls]
+
+    def _processors(self, settings: list[Sampling], seeds: list[int], grammars: list[Any],
+                    starts: list[int]) -> LogitsProcessorList:
+        """The grammar mask (if any row has a grammar), then the per-row sampler, which
+        must come last: it turns each score row into the one token it drew."""
+        processors = LogitsProcessorList()
+        if any(grammar is not None for grammar in grammars):
+            processors.append(GrammarProcessor(grammars))
+        processors.append(RowSampler(settings, seeds, starts, self.model.device))
+        return processors
+
+    def _decoding(self, max_new_tokens: int) -> dict[str, Any]:
+        return {"max_new_tokens": max_new_tokens, "pad_token_id": self.tokenizer.pad_token_id, **GREEDY_GENERATE}
+
+    def _stale(self, call: _Call) -> ValueError | None:
+        """The error of a call naming an adapter unloaded since it was queued, if any."""
         try:
-            with self._lock:
-                self._run(self._take_batch(head))
-        finally:
-            with self._queue_changed:
-                self._withdraw(head)
-
-    def _withdraw(self, request: _Request) -> None:
-        """Take ``request`` out of the queue if it is still there and, if it held the lead,
-        pass the lead to the oldest queued request (call with ``_queue_changed`` held)."""
-        if request in self._queue:
-            self._queue.remove(request)
-        if self._leader is request:
-            self._leader = self._queue[0] if self._queue else None
-        self._queue_changed.notify_all()
-
-    def _take_batch(self, head: _Request) -> list[_Request]:
-        """``head`` and the queued requests that may share its batch, oldest first, up to
-        ``max_batch`` rows; under load, first waits up to ``batch_window_s`` for as many
-        rows as the previous batch had."""
-        with self._queue_changed:
-            deadline = time.monotonic() + self.batch_window_s
-            target = min(self.max_batch, self._last_rows)
-            while True:
-                batch = self._mates(head)
-                rows = sum(len(request.texts) for request in batch)
-                left = deadline - time.monotonic()
-                if rows >= target or left <= 0 or head.sampling is None:
-                    break
-                self._queue_changed.wait(left)
-            for request in batch:
-                self._queue.remove(request)
-            if head.sampling is not None:
-                self._last_rows = rows
-        return batch
-
-    def _mates(self, head: _Request) -> list[_Request]:
-        """``head`` and, oldest first, the queued requests of its sampling settings that fit."""
-        batch, rows = [head], len(head.texts)
-        if head.sampling is None:
-            return batch
-        for request in self._queue:
-            fits = rows + len(request.texts) <= self.max_batch
-            if request is not head and request.sampling == head.sampling and fits:
-                batch.append(request)
-                rows += len(request.texts)
-        return batch
-
-    def _run(self, batch: list[_Request]) -> None:
-        """One ``model.generate`` for the rows of ``batch``; each request gets its replies
-        or the error, which its caller raises."""
-        head = batch[0]
-        outcomes: list[list[Generation] | BaseException] = [RuntimeError("the batch was interrupted")] * len(batch)
-        try:
-            # adapters are checked again: one may have been unloaded while the call was queued
-            stale = {id(request): exc for request in batch if (exc := self._stale(request)) is not None}
-            if stale:
-                for request in batch:
-                    if id(request) in stale:
-                        request.outcome = stale[id(request)]
-                batch = [request for request in batch if id(request) not in stale]
-                outcomes = outcomes[: len(batch)]
-                if not batch:
-                    return
-                head = batch[0]
-            texts = [text for request in batch for text in request.texts]
-            names = self._adapter_names([name for request in batch for name in request.adapters], len(texts))
-            inputs = self.tokenizer(texts, return_tensors="pt", padding=True, add_special_tokens=False)
-            inputs = inputs.to(self.model.device)
-            limit = max(request.max_new_tokens for request in batch)
-            with torch.no_grad():
-                if head.seed is not None:
-                    torch.manual_seed(head.seed)
-                output = self.model.generate(**inputs, **self._sampling(limit, head.temperature, head.top_p), **names)
-            prompt_tokens = inputs["attention_mask"].sum(1).tolist()
-            per_row = zip(output[:, inputs["input_ids"].shape[1] :].tolist(), prompt_tokens)
-            replies = []
-            for request in batch:
-                rows = islice(per_row, len(request.texts))
-                replies.append([self._reply(t[: request.max_new_tokens], p, request.stop) for t, p in rows])
-            outcomes = replies
-        except Exception as exc:  # raised again in the thread of every caller in the batch
-            outcomes = [exc] * len(batch)
-        finally:
-            with self._queue_changed:
-                for request, outcome in zip(batch, outcomes):
-                    request.outcome = outcome
-                self._queue_changed.notify_all()
-
-    def _stale(self, request: _Request) -> ValueError | None:
-        """The error of a request naming an adapter unloaded since it was queued, if any."""
-        try:
-            self._adapter_names(request.adapters, len(request.texts))
+            self._adapter_names(call.adapters, len(call.prompts))
         except ValueError as exc:
             return exc
         return None
@@ -401,35 +344,45 @@ class LocalBackend:
         *,
         adapter: str | None = None,
         max_new_tokens: int = 256,
-        temperature: float = 0.7,
-        top_p: float = 0.95,
+        temperature: float | None = None,
+        top_p: float | None = None,
+        top_k: int | None = None,
+        repetition_penalty: float | None = None,
         seed: int | None = None,
         chat_template_kwargs: Mapping[str, Any] | None = None,
+        json_schema: Mapping[str, Any] | None = None,
     ) -> Iterator[str]:
         """Generate one reply and yield its text piece by piece as tokens arrive.
 
+        Encoding, sampling and grammar are those of ``generate``, so a seeded stream
+        yields the reply ``generate`` gives with the same arguments.
+
         Args: as for ``generate``, for one conversation.
 
-        Yields:
-            Text pieces; their concatenation is the reply.
+        Returns:
+            An iterator of text pieces as they arrive; their concatenation is the reply.
+            It raises the generation's own errors.
+
+        Raises:
+            as ``generate``, at the call, before any piece.
         """
-        names = self._adapter_names([adapter], 1)
-        texts = self._render([conversation], chat_template_kwargs)
+        call = self._prepare([conversation], [adapter], max_new_tokens=max_new_tokens, temperature=temperature,
+                             top_p=top_p, top_k=top_k, repetition_penalty=repetition_penalty, seed=seed, stop=None,
+                             chat_template_kwargs=chat_template_kwargs, json_schema=json_schema)
+        return self._pieces(call)  # a generator of its own, so that bad arguments raise here
+
+    def _pieces(self, call: _Call) -> Iterator[str]:
+        names = self._adapter_names(call.adapters, 1)
         streamer = TextIteratorStreamer(self.tokenizer, skip_prompt=True, skip_special_tokens=True)
         errors: list[BaseException] = []
 
         def run() -> None:
             with self._lock, torch.no_grad():
-                if seed is not None:
-                    torch.manual_seed(seed)
                 try:
-                    inputs = self.tokenizer(texts, return_tensors="pt", add_special_tokens=False).to(self.model.device)
-                    self.model.generate(
-                        **inputs,
-                        **self._sampling(max_new_tokens, temperature, top_p),
-                        **names,
-                        streamer=streamer,
-                    )
+                    inputs = left_pad(call.prompts, self.tokenizer.pad_token_id, self.model.device)
+                    processors = self._processors([call.sampling], call.seeds, [call.grammar], [0])
+                    self.model.generate(**inputs, **self._decoding(call.max_new_tokens), logits_processor=processors,
+                                        **names, streamer=streamer)
                 except BaseException as exc:  # re-raised in the caller's thread below
                     errors.append(exc)
                     streamer.end()
@@ -440,31 +393,6 @@ class LocalBackend:
         thread.join()
         if errors:
             raise errors[0]
-
-    def _render(
-        self,
-        conversations: Sequence[Sequence[Mapping[str, str]]],
-        chat_template_kwargs: Mapping[str, Any] | None,
-    ) -> list[str]:
-        return [
-            self.tokenizer.apply_chat_template(
-                list(conversation),
-                tokenize=False,
-                add_generation_prompt=True,
-                **(chat_template_kwargs or {}),
-            )
-            for conversation in conversations
-        ]
-
-    def _sampling(self, max_new_tokens: int, temperature: float, top_p: float) -> dict[str, Any]:
-        sampling: dict[str, Any] = {
-            "max_new_tokens": max_new_tokens,
-            "pad_token_id": self.tokenizer.pad_token_id,
-            "do_sample": temperature > 0,
-        }
-        if temperature > 0:
-            sampling.update(temperature=temperature, top_p=top_p)
-        return sampling
 
     def _adapter_names(self, adapters: Sequence[str | None] | None, rows: int) -> dict[str, Any]:
         names = list(adapters) if adapters is not None else [None] * rows
@@ -478,56 +406,6 @@ class LocalBackend:
         if not self.adapter_versions:
             return {}
         return {"adapter_names": [n or _BASE for n in names]}
-
-
-@contextmanager
-def quiet_loading() -> Iterator[None]:
-    """Load or save models without transformers' progress bars (one per shard, even for a
-    tiny model) and without the FutureWarning PEFT 0.21 triggers by reading a property
-    transformers 5.24 deprecated: neither is anything a user can act on."""
-    hf_logging.disable_progress_bar()
-    try:
-        with warnings.catch_warnings():
-            warnings.filterwarnings("ignore", message=".*is_gradient_checkpointing.*", category=FutureWarning)
-            yield
-    finally:
-        hf_logging.enable_progress_bar()
-
-
-def resolve_model(model: str) -> str:
-    """Return where to load ``model`` from, failing fast with the fix when it can't be had.
-
-    A local directory is used as is. A Hub id is used when it is cached, or when the Hub
-    answers within a few seconds; otherwise the error names the three ways out.
-
-    Raises:
-        LocalModelError: if the model cannot be loaded from anywhere.
-    """
-    path = Path(model).expanduser()
-    if path.is_dir():
-        if not (path / "config.json").is_file():
-            raise LocalModelError(f"{path} is not a model directory (config.json missing)")
-        return str(path)
-    if model.startswith((".", "/", "~")) or model.count("/") > 1:
-        raise LocalModelError(f"no model directory at {path}")
-    if isinstance(try_to_load_from_cache(model, "config.json"), str):
-        return model
-    fix = (
-        "pass a local model directory (e.g. one made by `mascot tiny-model --out DIR`), "
-        "download it on a connected machine first (`hf download " + model + "`), "
-        "or use a server with --base-url URL --model NAME"
-    )
-    if os.environ.get("HF_HUB_OFFLINE", "").lower() in {"1", "true", "yes", "on"}:
-        raise LocalModelError(f"model '{model}' is not cached and HF_HUB_OFFLINE is set; {fix}")
-    endpoint = os.environ.get("HF_ENDPOINT", "https://huggingface.co")
-    try:
-        httpx.head(f"{endpoint}/api/models/{model}", timeout=_HUB_PROBE_TIMEOUT_S)
-    except httpx.HTTPError as exc:
-        raise LocalModelError(
-            f"model '{model}' is not cached and the Hugging Face Hub is unreachable "
-            f"({type(exc).__name__}); {fix}"
-        ) from None
-    return model
 
 
 def cut_at_stop(text: str, stop: Sequence[str] | None) -> str:

@@ -98,6 +98,49 @@ def test_seed_varies_with_episode_and_sample_metadata(tiny_model: Path) -> None:
     assert reply() == reply()  # without metadata: the model's own seed
 
 
+def test_seed_varies_with_the_graph_node_the_step_and_the_adapter(tiny_model: Path,
+                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    from typing import TypedDict
+
+    from langgraph.graph import START, StateGraph
+
+    backend = personas_backend(tiny_model)
+    seeds: list[int] = []
+    generate = backend.generate
+    monkeypatch.setattr(backend, "generate", lambda *a, **k: seeds.append(k["seed"]) or generate(*a, **k))
+    model = LocalChatModel(backend=backend, temperature=1.0, max_new_tokens=8, seed=7)
+
+    class State(TypedDict):
+        replies: list[str]
+
+    def speak(state: State) -> State:
+        return {"replies": [*state["replies"], model.invoke([HumanMessage("tell me something")]).text]}
+
+    graph = StateGraph(State)
+    graph.add_node("first", speak)
+    graph.add_node("second", speak)
+    graph.add_edge(START, "first")
+    graph.add_edge("first", "second")
+    app = graph.compile()
+
+    def run() -> tuple[list[str], list[int]]:
+        seeds.clear()
+        return app.invoke({"replies": []}, {"metadata": {"episode_id": "e1"}})["replies"], list(seeds)
+
+    replies, first_seeds = run()
+    assert len(set(first_seeds)) == 2 and replies[0] != replies[1]  # two nodes, two random streams
+    assert run() == (replies, first_seeds)  # a rerun is reproducible
+    steps = [model._seed(_RunManager({"langgraph_node": "first", "langgraph_step": step})) for step in (1, 2)]
+    assert steps[0] != steps[1]  # the same node at another step
+    other = model.model_copy(update={"adapter": "anchor"})
+    assert other._seed(_RunManager({"langgraph_node": "first"})) != model._seed(_RunManager({"langgraph_node": "first"}))
+
+
+class _RunManager:
+    def __init__(self, metadata: dict) -> None:
+        self.metadata = metadata
+
+
 PROMPTS = ["I failed my driving test again", "My manager ignores my ideas in every meeting", "hi",
            "We missed the launch date and the client is angry", "My friend stopped answering",
            "I cannot sleep before big days", "Should I quit?", "Tell me one thing to try tonight"]
@@ -163,14 +206,16 @@ def test_concurrent_calls_are_batched_and_each_gets_its_own_reply(tiny_model: Pa
     assert [g.completion_tokens for g in batched[0] + batched[1]] == [6, 7]
 
 
-def test_only_calls_with_the_same_sampling_share_a_batch(tiny_model: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_calls_of_any_sampling_share_a_batch(tiny_model: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     backend = personas_backend(tiny_model)
-    rows = record_calls(monkeypatch, backend)
     temperatures = [0.0, 0.0, 0.7, 0.7, 0.0, 0.7, 0.0, 0.7]
+    greedy_alone = backend.generate([CONVERSATION], temperature=0, max_new_tokens=4)
+    rows = record_calls(monkeypatch, backend)
     outcomes = concurrently([lambda t=t: backend.generate([CONVERSATION], temperature=t, max_new_tokens=4)
                              for t in temperatures])
     assert all(len(o) == 1 for o in outcomes)
-    assert sorted(rows) == [1, 3, 4], rows  # the first alone, then one batch per setting
+    assert rows == [1, 7], rows  # the first alone, then every setting in one batch
+    assert all(o == greedy_alone for o, t in zip(outcomes, temperatures) if t == 0)
 
 
 def test_an_error_reaches_every_caller_of_the_batch(tiny_model: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -193,15 +238,36 @@ def test_max_batch_one_serves_calls_one_at_a_time(tiny_model: Path, monkeypatch:
         LocalBackend(backend.model, backend.tokenizer, name="x", max_batch=0)
 
 
-def test_seeded_calls_run_alone_and_stay_reproducible(tiny_model: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_seeded_calls_batch_and_stay_reproducible(tiny_model: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     backend = personas_backend(tiny_model)
     seeds = [1, 2, 3, 1, 2, 3]
     alone = [backend.generate([CONVERSATION], temperature=1.0, seed=s, max_new_tokens=10) for s in seeds]
+    assert len({a[0].text for a in alone}) == 3  # different seeds, different replies
     rows = record_calls(monkeypatch, backend)
+    # seeded calls among unseeded ones of other settings and a greedy call on an adapter
+    company = [lambda: backend.generate([CONVERSATION], temperature=0.7, top_p=0.9, max_new_tokens=6),
+               lambda: backend.generate([[{"role": "user", "content": PROMPTS[1]}]], adapters=["anchor"],
+                                        temperature=0, max_new_tokens=12)]
     together = concurrently([lambda s=s: backend.generate([CONVERSATION], temperature=1.0, seed=s, max_new_tokens=10)
-                             for s in seeds])
-    assert rows == [1] * len(seeds)
-    assert together == alone
+                             for s in seeds] + company)
+    assert rows == [1, 7], rows  # the seeded calls were merged with the others
+    assert together[: len(seeds)] == alone
+
+
+def test_the_rows_of_a_seeded_call_differ_and_match_their_own_seeds(tiny_model: Path) -> None:
+    backend = personas_backend(tiny_model)
+    rows = backend.generate([CONVERSATION] * 3, temperature=1.0, seed=5, max_new_tokens=10)
+    assert len({g.text for g in rows}) == 3
+    # row i draws from seed + i: the second row is what a call seeded with 6 gets alone
+    assert backend.generate([CONVERSATION], temperature=1.0, seed=6, max_new_tokens=10)[0] == rows[1]
+
+
+def test_a_seeded_stream_yields_the_generated_reply(tiny_model: Path) -> None:
+    backend = personas_backend(tiny_model)
+    for settings in ({"temperature": 1.0, "seed": 4}, {"temperature": 0.8, "top_k": 5, "seed": 9},
+                     {"temperature": 0}):
+        whole = backend.generate([CONVERSATION], adapters=["beacon"], max_new_tokens=12, **settings)[0].text
+        assert "".join(backend.stream(CONVERSATION, adapter="beacon", max_new_tokens=12, **settings)) == whole
 
 
 def test_a_lone_call_never_waits_for_company(tiny_model: Path) -> None:
@@ -242,11 +308,11 @@ def test_a_caller_interrupted_in_the_queue_does_not_stall_the_others(tiny_model:
         raise KeyboardInterrupt
 
     with monkeypatch.context() as patch:
-        patch.setattr(backend._queue_changed, "wait", interrupted_wait)
+        patch.setattr(backend.batcher._queue_changed, "wait", interrupted_wait)
         with pytest.raises(KeyboardInterrupt):
             backend.generate([CONVERSATION], max_new_tokens=2)
     first.join(timeout=30)
-    assert not backend._queue and backend._leader is None
+    assert not backend.batcher._queue and backend.batcher._leader is None
     done = concurrently([lambda: backend.generate([CONVERSATION], max_new_tokens=2)])
     assert isinstance(done[0], list) and done[0][0].completion_tokens >= 1
 
