@@ -34,7 +34,10 @@ from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field
 from starlette.exceptions import HTTPException
 
+from mascot.policies.chat_encoding import PromptError, check_template_kwargs
+from mascot.policies.grammar import JSON_OBJECT, GrammarError
 from mascot.policies.local import LocalBackend, LocalModelError
+from mascot.policies.thinking import chat_template_kwargs
 
 logger = logging.getLogger(__name__)
 
@@ -76,8 +79,11 @@ class ChatRequest(BaseModel):
 
     model: str
     messages: list[ChatMessage] = Field(min_length=1)
-    temperature: float = Field(default=1.0, ge=0.0, le=2.0)
-    top_p: float = Field(default=1.0, gt=0.0, le=1.0)
+    # unset sampling values come from the model's generation config, as in vLLM
+    temperature: float | None = Field(default=None, ge=0.0, le=2.0)
+    top_p: float | None = Field(default=None, gt=0.0, le=1.0)
+    top_k: int | None = Field(default=None, ge=-1)  # vLLM's extra field; -1 or 0 = off
+    repetition_penalty: float | None = Field(default=None, gt=0.0, le=10.0)  # vLLM's extra field
     max_tokens: int | None = Field(default=None, ge=1)
     max_completion_tokens: int | None = Field(default=None, ge=1)
     n: int = Field(default=1, ge=1)
@@ -86,6 +92,7 @@ class ChatRequest(BaseModel):
     stream: bool = False
     stream_options: dict[str, Any] | None = None
     response_format: dict[str, Any] | None = None
+    chat_template_kwargs: dict[str, Any] | None = None  # vLLM's extra field, over the server's default
 
 
 class LoadAdapter(BaseModel):
@@ -181,24 +188,42 @@ def create_app(
             return _error(400, f"n={body.n} is over this server's limit of {limits.max_n}", "BadRequestError",
                           param="n")
         adapter = None if body.model == base_name else body.model
-        conversation = _conversation(body)
+        try:
+            schema = _response_schema(body.response_format)
+            variables = {**chat_template_kwargs(), **check_template_kwargs(body.chat_template_kwargs or {})}
+        except (GrammarError, PromptError) as exc:
+            return _error(400, str(exc), "BadRequestError",
+                          param="chat_template_kwargs" if isinstance(exc, PromptError) else "response_format")
+        loop = asyncio.get_running_loop()
+        if schema is not None:  # compiled in a worker thread: a new schema takes seconds
+            try:
+                await loop.run_in_executor(backend.callers, backend.grammars.compile, schema)
+            except (GrammarError, ImportError) as exc:
+                return _error(400, str(exc), "BadRequestError", param="response_format")
         sampling = {"max_new_tokens": min(body.max_completion_tokens or body.max_tokens or limits.max_tokens,
                                           limits.max_tokens),
-                    "temperature": body.temperature, "top_p": body.top_p, "seed": body.seed}
+                    "temperature": body.temperature, "top_p": body.top_p, "seed": body.seed,
+                    "top_k": 0 if body.top_k == -1 else body.top_k, "repetition_penalty": body.repetition_penalty,
+                    "chat_template_kwargs": variables, "json_schema": schema}
+        conversation = _conversation(body)
         stop = [body.stop] if isinstance(body.stop, str) else list(body.stop or [])
         reply_id = f"chatcmpl-{uuid.uuid4().hex}"
-        if body.stream:
-            if body.n > 1:
-                return _error(400, "stream with n > 1 is not supported by the local engine", "BadRequestError",
-                              param="n")
-            usage = bool((body.stream_options or {}).get("include_usage"))
-            pieces = backend.stream(conversation, adapter=adapter, **sampling)
-            return StreamingResponse(_events(pieces, stop, reply_id, body.model, usage,
-                                             limit=sampling["max_new_tokens"], backend=backend),
-                                     media_type="text/event-stream")
-        # in the backend's caller threads: concurrent requests meet in its batches
-        generations = await asyncio.get_running_loop().run_in_executor(backend.callers, partial(
-            backend.generate, [conversation] * body.n, adapters=[adapter] * body.n, stop=stop, **sampling))
+        try:
+            if body.stream:
+                if body.n > 1:
+                    return _error(400, "stream with n > 1 is not supported by the local engine", "BadRequestError",
+                                  param="n")
+                usage = bool((body.stream_options or {}).get("include_usage"))
+                pieces = await loop.run_in_executor(backend.callers, partial(
+                    backend.stream, conversation, adapter=adapter, **sampling))
+                return StreamingResponse(_events(pieces, stop, reply_id, body.model, usage,
+                                                 limit=sampling["max_new_tokens"], backend=backend),
+                                         media_type="text/event-stream")
+            # in the backend's caller threads: concurrent requests meet in its batches
+            generations = await loop.run_in_executor(backend.callers, partial(
+                backend.generate, [conversation] * body.n, adapters=[adapter] * body.n, stop=stop, **sampling))
+        except PromptError as exc:  # the chat template rejected the messages or a variable
+            return _error(400, str(exc), "BadRequestError", param="messages")
         choices = [{"index": i, "message": {"role": "assistant", "content": g.text},
                     "finish_reason": "length" if g.completion_tokens >= sampling["max_new_tokens"] else "stop"}
                    for i, g in enumerate(generations)]
@@ -239,13 +264,27 @@ def create_app(
 
 
 def _conversation(body: ChatRequest) -> list[dict[str, str]]:
-    messages = [{"role": "system" if m.role == "developer" else m.role, "content": m.text()} for m in body.messages]
-    schema = (body.response_format or {}).get("json_schema", {}).get("schema")
-    if (body.response_format or {}).get("type") in ("json_object", "json_schema"):
-        # the local engine cannot constrain decoding: it asks for JSON in the prompt
-        wanted = f" matching this JSON schema: {json.dumps(schema)}" if schema else ""
-        messages.insert(0, {"role": "system", "content": f"Answer with one JSON object{wanted}, and nothing else."})
-    return messages
+    return [{"role": "system" if m.role == "developer" else m.role, "content": m.text()} for m in body.messages]
+
+
+def _response_schema(response_format: dict[str, Any] | None) -> dict[str, Any] | None:
+    """The JSON schema decoding must follow for an OpenAI ``response_format``, if any.
+
+    Raises:
+        GrammarError: on an unknown type or a ``json_schema`` without a schema object.
+    """
+    kind = (response_format or {}).get("type", "text")
+    if kind == "text":
+        return None
+    if kind == "json_object":
+        return JSON_OBJECT
+    if kind == "json_schema":
+        schema = (response_format or {}).get("json_schema", {})
+        schema = schema.get("schema") if isinstance(schema, dict) else None
+        if not isinstance(schema, dict):
+            raise GrammarError("response_format.json_schema.schema must be a JSON schema object")
+        return schema
+    raise GrammarError(f"unknown response_format type {kind!r}; valid: text, json_object, json_schema")
 
 
 async def _events(pieces: Iterator[str], stop: list[str], reply_id: str, model: str, usage: bool, *,
