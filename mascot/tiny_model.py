@@ -11,7 +11,7 @@ from typing import Literal
 
 import torch
 import yaml
-from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers, trainers
 from transformers import (
     AutoModelForCausalLM,
     GenerationConfig,
@@ -26,12 +26,25 @@ from mascot.rosters import Roster, list_rosters, load_roster, load_scenarios
 logger = logging.getLogger(__name__)
 
 ARCHITECTURES = ("qwen3", "llama")
+#: ChatML with Qwen3's thinking switch. As in Qwen3's template, an assistant reply that ends
+#: the conversation after the last user message opens with an empty think block, and so
+#: does the generation prompt when ``enable_thinking`` is false; then a prompt rendered
+#: alone is a prefix of the same prompt rendered with its reply.
 CHAT_TEMPLATE = (
+    "{% set ns = namespace(last_query=messages|length - 1, found=false) %}"
+    "{% for message in messages[::-1] %}{% if not ns.found and message['role'] == 'user' %}"
+    "{% set ns.found = true %}{% set ns.last_query = messages|length - 1 - loop.index0 %}{% endif %}{% endfor %}"
     "{% for message in messages %}<|im_start|>{{ message['role'] }}\n"
+    "{% if message['role'] == 'assistant' and loop.last and loop.index0 > ns.last_query %}"
+    "<think>\n\n</think>\n\n{% endif %}"
     "{{ message['content'] }}<|im_end|>\n{% endfor %}"
-    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n"
+    "{% if enable_thinking is defined and enable_thinking is false %}<think>\n\n</think>\n\n{% endif %}"
+    "{% endif %}"
 )
 _SPECIAL = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<|pad|>"]
+#: Qwen3's think markers: one token each, but not special, so decoding keeps them as text.
+_THINK = ["<think>", "</think>"]
 _VOCAB_SIZE = 2048
 _SHAPE = {
     "hidden_size": 64,
@@ -63,7 +76,8 @@ def build_tiny_model(
     """Build and save a tiny random-weight causal LM with a trained tokenizer.
 
     The tokenizer is a byte-level BPE trained on the shipped rosters' text, with a
-    ChatML chat template, a pad token distinct from EOS, and left padding.
+    ChatML chat template with Qwen3's ``enable_thinking`` switch (``<think>`` and ``</think>``
+    are tokens of their own), a pad token distinct from EOS, and left padding.
 
     Args:
         out: Output directory (created; existing model files are overwritten).
@@ -128,6 +142,7 @@ def build_tokenizer() -> PreTrainedTokenizerFast:
         pad_token="<|pad|>",
         padding_side="left",
     )
+    wrapped.add_tokens([AddedToken(t, special=False, normalized=False) for t in _THINK])
     wrapped.chat_template = CHAT_TEMPLATE
     return wrapped
 

@@ -31,6 +31,7 @@ from datasets import Dataset
 from transformers import TrainerCallback
 from trl import GRPOConfig
 
+from mascot.policies.thinking import chat_template_kwargs
 from mascot.rosters import Roster
 from mascot.training.block_rollout import Block, BlockRollout, DecisionPoint
 from mascot.training.metrics import Embedder, default_embedder, redundancy, round_persona_turns, speaker_balance
@@ -65,9 +66,11 @@ class DirectorTrainingConfig(LoraRecipe):
 
     trainer_config: ClassVar[type] = GRPOConfig
     subject: ClassVar[str] = "director-training"
+    # thinking off as when served: 128 tokens must hold the JSON, not a <think> block
     trainer_defaults: ClassVar[dict[str, Any]] = {
         "beta": 0.0, "logging_steps": 1, "num_generations": 4, "per_device_train_batch_size": 8,
         "max_completion_length": 128, "save_strategy": "steps", "save_steps": 25, "save_total_limit": 1,
+        "chat_template_kwargs": chat_template_kwargs(),
     }
 
     block_turns: int = 3

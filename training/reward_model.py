@@ -6,7 +6,8 @@ head and the tokenizer with a model card. ``RewardModel`` loads it back and scor
 ``RewardModel.reward_function`` gives a reward function in TRL's GRPO protocol.
 
 A sequence is scored exactly as TRL tokenizes it for training: conversational pairs are the
-chat template over ``prompt + chosen`` (no generation prompt), plain pairs are
+chat template over ``prompt + chosen`` (no generation prompt), rendered with the variables
+every served prompt gets (``mascot.policies.thinking``), plain pairs are
 ``prompt + reply + eos``; the reward is the head's output at the last token. Messages keep
 only ``role`` and ``content`` (the speakers' prompts carry names in the text).
 """
@@ -34,6 +35,7 @@ from trl import RewardConfig, RewardTrainer
 from trl.trainer.reward_trainer import suppress_seqcls_warning
 
 from mascot.policies.local import resolve_model
+from mascot.policies.thinking import chat_template_kwargs
 from mascot.training.adapter_folder import replace_folder
 from mascot.training.recipe import LoraRecipe
 
@@ -160,7 +162,8 @@ def train_reward_model(
         model.to(args.device).eval()  # the trainer switches to train mode itself
         scorer = RewardModel(model, tokenizer, batch_size=config.score_batch_size)
         before = scorer.accuracy(test_rows) if test_rows else None
-        dataset = Dataset.from_list(train_rows)
+        # RewardConfig has no chat_template_kwargs: TRL renders each row with its own column
+        dataset = Dataset.from_list([{**row, "chat_template_kwargs": chat_template_kwargs()} for row in train_rows])
         trainer = RewardTrainer(model, args, train_dataset=dataset, processing_class=tokenizer,
                                 callbacks=list(callbacks))
         used = len(trainer.train_dataset)  # TRL drops pairs longer than max_length
@@ -384,7 +387,8 @@ class RewardModel:
             return list(self.tokenizer(text=text)["input_ids"])
         completion = [{"role": "assistant", "content": reply}] if isinstance(reply, str) else reply
         messages = _normalized(list(prompt) + list(completion), "messages")
-        encoded = self.tokenizer.apply_chat_template(messages, tokenize=True, return_dict=True)
+        encoded = self.tokenizer.apply_chat_template(messages, tokenize=True, return_dict=True,
+                                                     **chat_template_kwargs())
         return list(encoded["input_ids"])
 
 

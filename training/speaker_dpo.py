@@ -2,7 +2,9 @@
 
 TRL's ``DPOTrainer`` learns directly from the judged pairs (``mascot pairs``) of a persona,
 with no reward model and no sampling during training. With a PEFT adapter the reference
-model is the base with the adapter switched off, so no second copy is loaded.
+model is the base with the adapter switched off, so no second copy is loaded. Conversational
+pairs are rendered with the chat-template variables every served prompt gets
+(``mascot.policies.thinking``): the prompt ends where the served generation prompt ends.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback, s
 from trl import DPOConfig, DPOTrainer
 
 from mascot.policies.local import quiet_loading, resolve_model
+from mascot.policies.thinking import chat_template_kwargs
 from mascot.training.adapter_folder import (
     adapter_target,
     base_reference,
@@ -131,7 +134,9 @@ def train_speaker_dpo(
     tokenizer = AutoTokenizer.from_pretrained(source)
     if isinstance(pairs[0]["prompt"], list) and not tokenizer.chat_template:
         raise SpeakerDPOError(f"the tokenizer of {base} has no chat template; conversational pairs need one")
-    dataset = Dataset.from_list([{c: pair[c] for c in PAIR_COLUMNS} for pair in pairs])
+    # DPOConfig has no chat_template_kwargs: TRL's DPO renders each row with its own column
+    dataset = Dataset.from_list([{**{c: pair[c] for c in PAIR_COLUMNS}, "chat_template_kwargs": chat_template_kwargs()}
+                                 for pair in pairs])
     with quiet_loading():
         model = AutoModelForCausalLM.from_pretrained(source, dtype=torch.bfloat16 if args.bf16 else torch.float32)
         trainer = DPOTrainer(model, args=args, train_dataset=dataset, processing_class=tokenizer,

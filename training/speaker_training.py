@@ -1,8 +1,10 @@
 """Speaker GRPO: one LoRA adapter per persona on a frozen base, trained by TRL's GRPOTrainer.
 
 The prompts are the speaker prompts of the persona turns of rolled-out episodes, built
-exactly as the speaker node builds them (``candidate_contexts``), so the policy is trained
-on what it will see in the graph. The reward is a weighted sum of TRL-protocol terms
+exactly as the speaker node builds them (``candidate_contexts``), and TRL renders them with
+the chat-template variables every served prompt gets (``GRPOConfig.chat_template_kwargs``
+defaults to ``mascot.policies.thinking``'s: thinking off), so the policy is trained on what
+it will see in the graph. The reward is a weighted sum of TRL-protocol terms
 (persona reward model, ``format_reward``, optional redundancy penalty); TRL logs each
 term as ``rewards/<name>/mean`` and their weighted sum as ``reward``.
 """
@@ -23,6 +25,7 @@ from trl import GRPOConfig, GRPOTrainer
 
 from mascot.policies.local import quiet_loading, resolve_model
 from mascot.policies.local_chat import to_chat
+from mascot.policies.thinking import chat_template_kwargs
 from mascot.rosters import Roster
 from mascot.training.adapter_folder import (
     adapter_target,
@@ -65,10 +68,12 @@ class SpeakerTrainingConfig(LoraRecipe):
 
     trainer_config: ClassVar[type] = GRPOConfig
     subject: ClassVar[str] = "speaker-training"
-    # no KL term (beta=0), logging every step, a checkpoint to resume from every 25 steps
+    # no KL term (beta=0), logging every step, a checkpoint to resume from every 25 steps;
+    # prompts rendered with the thinking setting the speakers are served with
     trainer_defaults: ClassVar[dict[str, Any]] = {
         "beta": 0.0, "logging_steps": 1, "num_generations": 4, "per_device_train_batch_size": 8,
         "max_completion_length": 256, "save_strategy": "steps", "save_steps": 25, "save_total_limit": 1,
+        "chat_template_kwargs": chat_template_kwargs(),
     }
 
     personas: list[str] = field(default_factory=list)
