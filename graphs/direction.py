@@ -46,8 +46,39 @@ class StageDirection(BaseModel):
     fallback: SkipJsonSchema[str | None] = None
 
 
-#: JSON schema a model is asked to fill (``fallback`` is not part of it).
+#: JSON schema of a stage direction (``fallback`` is not part of it).
 DIRECTION_SCHEMA: dict[str, Any] = StageDirection.model_json_schema()
+#: Longest action and tone a model may write under structured output (characters):
+#: enough for one instruction, short enough that a weak model cannot ramble to its limit.
+ACTION_MAX_CHARS = 240
+TONE_MAX_CHARS = 60
+
+
+def direction_schema(speakers: Sequence[str]) -> dict[str, Any]:
+    """The JSON schema a Director's model fills under structured output.
+
+    The speaker is restricted to ``speakers`` (an ``enum``), so constrained decoding
+    (xgrammar locally, vLLM's structured outputs, OpenAI's JSON schema) can only name a
+    voice that may speak now; ``addressee`` and ``rationale`` are left out to keep the
+    reply short (a prompted reply may still carry them).
+
+    Args:
+        speakers: The valid speakers: persona ids, and ``USER`` when handing back is allowed.
+
+    Returns:
+        A JSON schema object with ``speaker``, ``action`` and ``tone``, all required.
+    """
+    return {
+        "title": "StageDirection",
+        "type": "object",
+        "properties": {
+            "speaker": {"type": "string", "enum": list(speakers)},
+            "action": {"type": "string", "minLength": 1, "maxLength": ACTION_MAX_CHARS},
+            "tone": {"type": "string", "minLength": 1, "maxLength": TONE_MAX_CHARS},
+        },
+        "required": ["speaker", "action", "tone"],
+        "additionalProperties": False,
+    }
 
 
 class DirectionError(ValueError):
@@ -97,14 +128,16 @@ def interpret_direction(
     recent_speakers: Sequence[str],
     round_turns: int,
     min_speakers_per_round: int = 1,
+    heard_this_round: Sequence[str] = (),
 ) -> StageDirection:
     """Turn a director model's output into a valid stage direction; never raises.
 
     Repairs what can be repaired (JSON inside prose, a persona named by its display
     name or role, a missing tone or action) and replaces what cannot (no JSON, an
-    unknown speaker, handing back before any persona spoke) with the fallback: the
-    least recently heard persona with a neutral instruction. Either way the reason is
-    recorded in ``StageDirection.fallback``.
+    unknown speaker, a persona who already spoke since the person's last message,
+    handing back before any persona spoke) with the fallback: the least recently
+    heard persona with a neutral instruction. Either way the reason is recorded in
+    ``StageDirection.fallback``.
 
     Args:
         output: The model's text, or an already parsed object (structured output).
@@ -113,6 +146,8 @@ def interpret_direction(
         round_turns: Persona turns already taken in the current round.
         min_speakers_per_round: Persona turns required before the turn may return to
             the user.
+        heard_this_round: Persona ids that spoke since the person's last message; each
+            persona speaks at most once per round.
 
     Returns:
         A direction whose speaker is a persona id of the roster or ``USER``.
@@ -135,6 +170,10 @@ def interpret_direction(
     if speaker is None:
         return fallback_direction(
             roster, recent_speakers, reason=f"unknown speaker '{raw_speaker.strip()[:60]}'"
+        )
+    if speaker in heard_this_round:
+        return fallback_direction(
+            roster, recent_speakers, reason=f"'{speaker}' already spoke this round"
         )
     if speaker != raw_speaker:
         notes.append(f"speaker '{raw_speaker.strip()[:60]}' read as '{speaker}'")

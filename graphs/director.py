@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -12,13 +13,15 @@ from langgraph.graph import START, StateGraph
 from langgraph.types import Command, RetryPolicy
 from openai import LengthFinishReasonError
 
-from mascot.graphs.direction import DIRECTION_SCHEMA, StageDirection, interpret_direction
+from mascot.graphs.direction import StageDirection, direction_schema, interpret_direction
 from mascot.graphs.node import Node
 from mascot.graphs.prompts import director_messages
 from mascot.graphs.speaker import speaker_node
-from mascot.graphs.state import DirectorState, persona_speakers
+from mascot.graphs.state import DirectorState, persona_speakers, round_speakers
 from mascot.graphs.user import USER_NODE, UserKind, user_node
 from mascot.rosters import USER, Roster
+
+logger = logging.getLogger(__name__)
 
 #: Name of the Director node.
 DIRECTOR_NODE = "director"
@@ -56,7 +59,10 @@ def create_director_graph(
         min_speakers_per_round: Persona turns before the Director may hand back.
         max_rounds: Rounds after which the conversation ends.
         structured_output: Ask the Director's model for structured output
-            (``with_structured_output``, JSON schema) instead of prompting for JSON.
+            (``with_structured_output``, JSON schema whose ``speaker`` enum holds the
+            voices that may speak now: constrained decoding on the local backend and
+            vLLM, JSON schema on OpenAI) instead of prompting for JSON. A model without
+            structured output is prompted for JSON, with a warning.
         retry_policy: LangGraph retry policy of every node that calls a model (e.g.
             retry server faults with backoff); ``None`` fails on the first error.
 
@@ -68,11 +74,12 @@ def create_director_graph(
             the roster's persona ids.
     """
     _check_limits(max_speakers_per_round, min_speakers_per_round, max_rounds)
-    model: Runnable = (
-        director.with_structured_output(DIRECTION_SCHEMA, method="json_schema", include_raw=True)
-        if structured_output
-        else director
-    )
+    structured = _structured_models(director) if structured_output else None
+
+    def model_for(state: DirectorState) -> Runnable:
+        if structured is None:
+            return director
+        return structured(_speaker_choices(roster, state, min_speakers_per_round))
 
     def prompt(state: DirectorState) -> list[BaseMessage]:
         return director_messages(
@@ -92,23 +99,31 @@ def create_director_graph(
                 recent_speakers=persona_speakers(state),
                 round_turns=state.get("round_turns", 0),
                 min_speakers_per_round=min_speakers_per_round,
+                heard_this_round=round_speakers(state.get("messages", [])),
             ),
         )
 
+    def round_over(state: DirectorState) -> bool:
+        """The turn returns to the person without asking: the round is full, or every
+        persona has spoken in it."""
+        turns = state.get("round_turns", 0)
+        everyone = set(roster.persona_ids) <= set(round_speakers(state.get("messages", [])))
+        return turns >= max_speakers_per_round or everyone
+
     def direct(state: DirectorState) -> Command:
-        if state.get("round_turns", 0) >= max_speakers_per_round:
+        if round_over(state):
             return _route(state, _hand_back())
         try:
-            output = model.invoke(prompt(state))
+            output = model_for(state).invoke(prompt(state))
         except LengthFinishReasonError as exc:  # structured output cut at max_tokens
             output = _cut_reply(exc)
         return decide(state, output)
 
     async def adirect(state: DirectorState) -> Command:
-        if state.get("round_turns", 0) >= max_speakers_per_round:
+        if round_over(state):
             return _route(state, _hand_back())
         try:
-            output = await model.ainvoke(prompt(state))
+            output = await model_for(state).ainvoke(prompt(state))
         except LengthFinishReasonError as exc:
             output = _cut_reply(exc)
         return decide(state, output)
@@ -192,6 +207,38 @@ def assemble_graph(
     # a Node, not the bare function, so that the check runs without a callback run of its own
     graph.add_conditional_edges(START, Node("_entry", _entry), [DIRECTOR_NODE, USER_NODE])
     return graph
+
+
+def _speaker_choices(roster: Roster, state: DirectorState, min_speakers_per_round: int) -> tuple[str, ...]:
+    """The speakers a direction may name now: personas not heard this round, and the
+    person once enough personas spoke."""
+    heard = set(round_speakers(state.get("messages", [])))
+    choices = tuple(pid for pid in roster.persona_ids if pid not in heard)
+    if state.get("round_turns", 0) >= min_speakers_per_round:
+        choices += (USER,)
+    return choices
+
+
+def _structured_models(director: BaseChatModel) -> Callable[[tuple[str, ...]], Runnable] | None:
+    """A factory of structured-output runnables, one per set of allowed speakers (each
+    with the speakers in its schema's ``enum``), or ``None`` when the model has no
+    structured output: then the Director is prompted for JSON, with a warning."""
+    try:
+        director.with_structured_output(direction_schema(("x",)), method="json_schema", include_raw=True)
+    except NotImplementedError:
+        logger.warning("%s has no structured output; the Director is prompted for JSON instead",
+                       type(director).__name__)
+        return None
+    models: dict[tuple[str, ...], Runnable] = {}
+
+    def structured(speakers: tuple[str, ...]) -> Runnable:
+        if speakers not in models:
+            models[speakers] = director.with_structured_output(
+                direction_schema(speakers), method="json_schema", include_raw=True
+            )
+        return models[speakers]
+
+    return structured
 
 
 def _entry(state: DirectorState) -> str:

@@ -7,12 +7,12 @@ keeps strict role alternation for any chat template.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Sequence
 
 from langchain_core.messages import AIMessage, BaseMessage, HumanMessage, SystemMessage
 
 from mascot.graphs.direction import StageDirection
+from mascot.graphs.state import round_speakers
 from mascot.rosters import USER, Persona, Roster, Scenario, UserProfile
 
 PERSON_LABEL = "Person"
@@ -27,10 +27,16 @@ def speaker_label(message: BaseMessage, roster: Roster) -> str:
     return PERSON_LABEL
 
 
-def transcript(messages: Sequence[BaseMessage], roster: Roster) -> str:
-    """The conversation as labelled lines, one turn per paragraph."""
+def transcript(messages: Sequence[BaseMessage], roster: Roster, *, you: str | None = None) -> str:
+    """The conversation as labelled lines, one turn per paragraph.
+
+    Args:
+        messages: The conversation.
+        roster: Gives the personas' display names.
+        you: A persona id whose turns are labelled ``Name (you)``.
+    """
     return "\n\n".join(
-        f"{speaker_label(m, roster)}: {m.text.strip()}"
+        f"{speaker_label(m, roster)}{' (you)' if you and getattr(m, 'name', None) == you else ''}: {m.text.strip()}"
         for m in messages
         if isinstance(m, (AIMessage, HumanMessage))
     )
@@ -44,38 +50,42 @@ def director_messages(
     max_speakers_per_round: int,
     min_speakers_per_round: int,
 ) -> list[BaseMessage]:
-    """The Director's prompt: roster, guidance, output format, and the conversation."""
+    """The Director's prompt: roster, guidance, who may speak now, format, conversation.
+
+    Only the voices that have not spoken since the person's last message are offered
+    (each persona speaks at most once per round), and the prompt shows no example
+    direction: small models copy an example's speaker and wording.
+    """
+    heard = round_speakers(list(messages))
     voices = "\n".join(
-        f'- "{p.id}": {p.name}, the {p.role}. {p.persona.split(". ")[0].rstrip(".")}.'
+        f"- {p.id}: {p.name}, the {p.role}. {p.persona.split('. ')[0].rstrip('.')}."
         for p in roster.personas
+        if p.id not in heard
     )
-    example = {
-        "speaker": roster.persona_ids[0],
-        "action": "what the speaker should do in this turn",
-        "tone": "how the speaker should sound",
-        "addressee": "optional: whom to address",
-        "rationale": "optional: why this speaker now",
-    }
+    spoke = ", ".join(roster.persona(pid).name for pid in heard if pid in roster.persona_ids)
     hand_back = (
-        f'or "{USER}" to hand the turn back to the person'
+        f', or "{USER}" to hand the turn back to the person'
         if round_turns >= min_speakers_per_round
-        else "(at least one voice must speak before the turn returns to the person)"
+        else ""
     )
     system = (
         f"You are the Director of a conversation between a person and several voices "
-        f"({roster.domain}). Each turn you decide who speaks next and how, so that the voices "
+        f"({roster.domain}). You never speak to the person yourself: each turn you choose "
+        f"which voice speaks next and give it a short instruction, so that the voices "
         f"complement each other instead of repeating or simply agreeing with each other.\n\n"
-        f"{roster.director.guidance}\n\nThe voices:\n{voices}\n\n"
-        f"{round_turns} of at most {max_speakers_per_round} voices have spoken since the "
-        f"person's last message.\n"
-        f"Answer with one JSON object and nothing else, for example:\n{json.dumps(example)}\n"
-        f"The speaker must be one of: {', '.join(json.dumps(i) for i in roster.persona_ids)}, "
-        f"{hand_back}."
+        f"{roster.director.guidance}\n\nVoices who may speak now:\n{voices}\n\n"
+        + (f"Already spoke since the person's last message: {spoke}. " if spoke else "")
+        + f"{round_turns} of at most {max_speakers_per_round} voices have spoken since the "
+        f"person's last message.\n\n"
+        f'Reply with one JSON object with the keys "speaker" (the id of the voice that '
+        f"speaks next{hand_back}), \"action\" (your instruction to that voice: what it should "
+        f'say or do for the person now, in your own words) and "tone" (how it should sound, '
+        f"in a few words). Write nothing else."
     )
     conversation = transcript(messages, roster) or "(no messages yet)"
     return [
         SystemMessage(system),
-        HumanMessage(f"Conversation so far:\n\n{conversation}\n\nWho speaks next, and how?"),
+        HumanMessage(f"Conversation so far:\n\n{conversation}\n\nWhich voice speaks next, and what should it do?"),
     ]
 
 
@@ -85,22 +95,40 @@ def speaker_messages(
     direction: StageDirection,
     messages: Sequence[BaseMessage],
 ) -> list[BaseMessage]:
-    """A persona speaker's prompt: persona system prompt, conversation, stage direction."""
+    """A persona speaker's prompt: persona, conversation and stage direction in the system
+    message; the person's latest message as the user message.
+
+    Small models given the conversation as labelled lines continue the transcript (they
+    write the person's next line) or echo a cue placed after it; answering the person's
+    own message, with the direction as the persona's task, they reply in their voice.
+    """
     others = ", ".join(f"{p.name} ({p.role})" for p in roster.personas if p.id != persona.id)
-    system = (
+    last = max((i for i, m in enumerate(messages) if isinstance(m, HumanMessage)), default=None)
+    earlier = messages[:last] if last is not None else messages
+    answered = messages[last + 1 :] if last is not None else []
+    parts = [
         f"You are {persona.name}, the {persona.role}, one of several voices talking with a "
-        f"person ({roster.domain}). The other voices are {others}.\n\n"
-        f"{persona.persona}\n\nYour goals:\n" + _bullets(persona.goals) + "\n\n"
-        f"Your style: {persona.style}\n\nYou never:\n" + _bullets(persona.boundaries) + "\n\n"
-        "Add what only you can add; do not repeat what the other voices said. Write only your "
-        "own reply, without a name prefix, and never write lines for the other voices or "
-        "for the person."
-    )
-    cue = f"(Director to {persona.name} - action: {direction.action}; tone: {direction.tone}"
+        f"person ({roster.domain}). The other voices are {others}.",
+        persona.persona,
+        "Your goals:\n" + _bullets(persona.goals),
+        f"Your style: {persona.style}",
+        "You never:\n" + _bullets(persona.boundaries),
+    ]
+    if earlier_text := transcript(earlier, roster, you=persona.id):
+        parts.append(f"The conversation before the person's latest message:\n\n{earlier_text}")
+    if answered_text := transcript(answered, roster, you=persona.id):
+        parts.append(f"The other voices have already answered it:\n\n{answered_text}")
+    task = f"The Director asks you to: {direction.action.rstrip('.')}. Tone: {direction.tone}."
     if direction.addressee:
-        cue += f"; address: {direction.addressee}"
-    cue += ")"
-    return [SystemMessage(system), *_seat(messages, roster, own=persona.id, cue=cue)]
+        task += f" Address: {direction.addressee}."
+    parts.append(
+        task + f" Reply to the person now, as {persona.name}: speak to them directly, in the "
+        "first person, in two to four sentences. Add what only you can add, without repeating "
+        "the other voices, and write only your own words: no name prefix, no lines for anyone "
+        "else, no notes about these instructions."
+    )
+    person = messages[last].text.strip() if last is not None else "(The conversation starts now.)"
+    return [SystemMessage("\n\n".join(parts)), HumanMessage(person)]
 
 
 def user_simulator_messages(

@@ -64,6 +64,43 @@ def clean_reply(text: str, *, own: Iterable[str], others: Iterable[str]) -> str:
     return text.strip().strip('"').strip()
 
 
+_WORD = re.compile(r"[a-z0-9']+")
+_CUE = re.compile(r"\(\s*director\b[^)]*\)?", re.IGNORECASE)
+#: Share of a reply's words found in the direction (and the speaker's names) above which
+#: the reply is taken for the direction echoed back rather than an answer.
+ECHO_OVERLAP = 0.8
+_FILLER = {"the", "a", "an", "to", "and", "of", "s", "is", "that", "it", "in"}
+
+
+def strip_cues(text: str) -> str:
+    """Remove stage cues a model copied into its reply (``(Director to ...: ...)``)."""
+    return _CUE.sub("", text).strip()
+
+
+def echoes_direction(text: str, direction_text: str, *, names: Iterable[str] = ()) -> bool:
+    """Whether a reply is the stage direction said back instead of an answer.
+
+    Small models asked to follow ``action``/``tone`` often write the instruction itself
+    ("Gently question the belief that ...") or narrate it in the third person ("The
+    Catalyst gently questions ..."). A reply counts as an echo when at least
+    ``ECHO_OVERLAP`` of its words occur in the direction or the speaker's names, and it
+    is not much longer than the direction.
+
+    Args:
+        text: The cleaned reply.
+        direction_text: The direction's action and tone.
+        names: The speaker's labels (id, display name).
+    """
+    words = [w for w in _WORD.findall(text.lower()) if w not in _FILLER]
+    if len(words) < 4:  # too short to tell an echo from an answer
+        return False
+    source = set(_WORD.findall(direction_text.lower()))
+    for name in names:
+        source.update(_WORD.findall(name.lower().replace("_", " ")))
+    shared = sum(word in source for word in words) / len(words)
+    return shared >= ECHO_OVERLAP and len(words) <= len(_WORD.findall(direction_text.lower())) + 12
+
+
 def _label(labels: Iterable[str]) -> str:
     """A pattern for a speaker label: ``[Name]``, ``Name:``, ``**Name** (role):``."""
     names = "|".join(re.escape(label) for label in sorted(set(labels), key=len, reverse=True))

@@ -12,7 +12,7 @@ from langchain_core.messages import AIMessage, BaseMessage
 from mascot.graphs.direction import StageDirection
 from mascot.graphs.node import Node
 from mascot.graphs.prompts import speaker_messages
-from mascot.graphs.reply import clean_reply, speaker_labels, user_labels
+from mascot.graphs.reply import clean_reply, echoes_direction, speaker_labels, strip_cues, user_labels
 from mascot.graphs.state import DirectorState
 from mascot.rosters import Persona, Roster
 
@@ -25,8 +25,9 @@ def speaker_node(roster: Roster, persona: Persona, model: BaseChatModel) -> Node
     The reply is attributed to the persona (``name=<persona id>``), carries the
     direction under ``additional_kwargs["stage_direction"]`` and the model's metadata
     (model name, adapter, token usage, and the call's ``latency_s``). Name prefixes are stripped and lines written
-    for other speakers are cut; an empty result is recorded as a fallback and the turn
-    is skipped.
+    for other speakers (or the Director) are cut, copied stage cues removed; an empty
+    result, or one that only says the direction back, is recorded as a fallback and the
+    turn is skipped.
 
     Args:
         roster: The roster the persona belongs to.
@@ -38,7 +39,7 @@ def speaker_node(roster: Roster, persona: Persona, model: BaseChatModel) -> Node
     """
     own = speaker_labels(persona.id, persona.name)
     others = user_labels() + speaker_labels(
-        *(label for p in roster.personas if p.id != persona.id for label in (p.id, p.name))
+        "Director", *(label for p in roster.personas if p.id != persona.id for label in (p.id, p.name))
     )
 
     def prompt(state: DirectorState) -> tuple[StageDirection, list[BaseMessage]]:
@@ -48,13 +49,16 @@ def speaker_node(roster: Roster, persona: Persona, model: BaseChatModel) -> Node
     def finish(
         state: DirectorState, direction: StageDirection, reply: BaseMessage, latency_s: float
     ) -> dict[str, Any]:
-        text = clean_reply(reply.text, own=own, others=others)
+        text = strip_cues(clean_reply(reply.text, own=own, others=others))
         update: dict[str, Any] = {"round_turns": state.get("round_turns", 0) + 1}
+        reason = None
         if not text:
-            logger.warning("%s gave an empty reply; turn skipped", persona.id)
-            update["fallbacks"] = [
-                {"node": persona.id, "round": state.get("round", 0), "reason": "empty reply; turn skipped"}
-            ]
+            reason = "empty reply; turn skipped"
+        elif echoes_direction(text, f"{direction.action} {direction.tone}", names=own):
+            reason = "echoed the stage direction; turn skipped"
+        if reason:
+            logger.warning("%s: %s", persona.id, reason)
+            update["fallbacks"] = [{"node": persona.id, "round": state.get("round", 0), "reason": reason}]
             return update
         usage = reply.usage_metadata if isinstance(reply, AIMessage) else None
         update["messages"] = [

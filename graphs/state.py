@@ -60,6 +60,17 @@ def persona_speakers(state: DirectorState) -> list[str]:
     ]
 
 
+def round_speakers(messages: list[AnyMessage] | tuple[AnyMessage, ...]) -> list[str]:
+    """Persona ids that spoke since the person's last message, in order."""
+    heard: list[str] = []
+    for message in messages:
+        if message.type == "human":
+            heard = []
+        elif isinstance(message, AIMessage) and message.name:
+            heard.append(message.name)
+    return heard
+
+
 def openai_messages(messages: list[AnyMessage]) -> list[dict[str, Any]]:
     """The conversation in OpenAI chat format, with persona names and stage directions.
 

@@ -209,7 +209,6 @@ def _tiny_model(args: argparse.Namespace) -> int:
 def _chat(args: argparse.Namespace) -> int:
     roster = load_roster(args.roster)
     policies = policies_from_args(args, roster)
-    director_spec = policies.spec("director")
     builder = create_director_graph(
         roster,
         director=policies.chat_model("director"),
@@ -217,7 +216,7 @@ def _chat(args: argparse.Namespace) -> int:
         user=None if args.message is not None else "human",
         max_rounds=args.max_rounds,
         max_speakers_per_round=args.max_speakers,
-        structured_output=director_spec.kind == "openai",
+        structured_output=True,
     )
     db = args.db if args.db == ":memory:" else str(Path(args.db).expanduser())
     if db != ":memory:" and not Path(db).parent.is_dir():

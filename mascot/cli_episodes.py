@@ -133,7 +133,7 @@ def _rollout(args: argparse.Namespace) -> int:
             roster,
             director=policies.chat_model("director"),
             speakers=policies.speakers(),
-            structured_output=policies.spec("director").kind == "openai",
+            structured_output=True,
             **common,
         )
     run = dict(

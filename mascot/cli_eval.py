@@ -5,7 +5,16 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from mascot.cli_options import UsageError, err, mask_secrets_in_logs, out, positive, spec_from_flags
+from mascot.cli_options import (
+    UsageError,
+    budgets,
+    err,
+    mask_secrets_in_logs,
+    out,
+    positive,
+    spec_from_flags,
+    with_budgets,
+)
 from mascot.policies import Policies
 from mascot.rosters import load_profiles, load_roster, load_scenarios, roster_path
 from mascot.training.retry import model_retry_policy
@@ -32,7 +41,9 @@ def add_commands(commands: argparse._SubParsersAction) -> None:
     evaluate.add_argument("--judge-api-key-env", metavar="VAR", help="variable with the judge endpoint's key")
     evaluate.add_argument("--max-rounds", type=positive, default=2, metavar="N")
     evaluate.add_argument("--max-speakers", type=positive, default=3, metavar="N")
-    evaluate.add_argument("--max-tokens", type=positive, metavar="N", help="reply length limit of every role")
+    evaluate.add_argument("--max-tokens", type=budgets, metavar="N|ROLE=N,...",
+                          help="reply budgets of the evaluated systems: N for every role, or per role "
+                               "(director, speakers, user); default: each role's own")
     evaluate.add_argument("--block-turns", type=positive, default=4, metavar="N")
     evaluate.add_argument("--concurrency", type=positive, default=4, metavar="C")
     evaluate.add_argument("--seed", type=int, default=0)
@@ -51,9 +62,7 @@ def _eval(args: argparse.Namespace) -> int:
     if not Path(args.policies).is_file():
         raise UsageError(f"--policies: no such file {args.policies}")
     trained = Policies.from_file(args.policies, roster, seed=args.seed)
-    if args.max_tokens:
-        trained = Policies({r: s.model_copy(update={"max_tokens": args.max_tokens}) for r, s in trained.specs.items()},
-                           roster, seed=args.seed)
+    trained = with_budgets(trained, args.max_tokens)
     baselines = BASELINE_SYSTEMS if args.baselines is None else [s for s in args.baselines.split(",") if s]
     systems = ["trained", *baselines, *(ABLATIONS if args.ablations else ())]
     scenarios = load_scenarios(args.scenarios or roster_path(args.roster).parent)
@@ -62,7 +71,7 @@ def _eval(args: argparse.Namespace) -> int:
         judge_policies = Policies.from_file(args.judge_policies, roster, seed=args.seed)
     else:
         kind = "openai" if args.judge_base_url else "local"
-        fields = {"kind": kind, "model": args.judge_model, "temperature": 0.0, "max_tokens": 512}
+        fields = {"kind": kind, "model": args.judge_model, "temperature": 0.0}
         if kind == "openai":
             fields.update(base_url=args.judge_base_url, api_key_env=args.judge_api_key_env)
         judge_policies = Policies({"judge": spec_from_flags(fields, "--judge-")}, roster, seed=args.seed)
@@ -77,7 +86,7 @@ def _eval(args: argparse.Namespace) -> int:
                     block_turns=args.block_turns)
     with JudgementCache(folder / "judgements.cache.jsonl") as cache:
         judges = {rubric: Judge(load_rubric(rubric), judge_policies.chat_model("judge"), model_name=judge_name,
-                                structured_output=spec.kind == "openai", cache=cache)
+                                structured_output=True, cache=cache)
                   for rubric in ("persona", "group", "direction")}
         try:
             scores = evaluate(roster, trained, systems=systems, plan=plan, judges=judges, out=folder,

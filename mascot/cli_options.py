@@ -14,8 +14,11 @@ from mascot.rosters import Roster
 from mascot.training.redaction import RedactingFilter, Redactor, add_secret_variables, file_redactor
 
 DEFAULT_MODEL = "Qwen/Qwen3-0.6B"
-#: Values of the tuning flags when neither they nor a policy file set them.
-_DEFAULTS = {"max_tokens": 200, "temperature": 0.7, "timeout": 60.0}
+#: Values of the tuning flags when neither they nor a policy file set them (the reply
+#: budgets default per role: ``mascot.policies.spec.ROLE_MAX_TOKENS``).
+_DEFAULTS = {"temperature": 0.7, "timeout": 60.0}
+#: Roles a ``--max-tokens role=N`` budget may name; ``speakers`` means every persona.
+BUDGET_ROLES = ("director", "speakers", "user", "judge")
 
 #: Where commands print results (stdout) and progress, warnings and errors (stderr).
 out = Console(highlight=False, soft_wrap=True, emoji=False)
@@ -36,9 +39,10 @@ def add_policy_flags(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--base-url", metavar="URL", help="OpenAI-compatible endpoint")
     group.add_argument("--api-key-env", metavar="VAR",
                        help="environment variable with the endpoint's API key")
-    group.add_argument("--max-tokens", type=positive, metavar="N",
-                       help=f"reply length limit (default {_DEFAULTS['max_tokens']}; "
-                            "with --policies: overrides every role)")
+    group.add_argument("--max-tokens", type=budgets, metavar="N|ROLE=N,...",
+                       help="reply budgets in tokens: N for every role, or per role, e.g. "
+                            "director=160,speakers=200,user=96,judge=512 (the defaults; "
+                            "with --policies: overrides the file)")
     group.add_argument("--temperature", type=float, metavar="T",
                        help=f"sampling temperature (default {_DEFAULTS['temperature']}; "
                             "with --policies: overrides every role)")
@@ -67,6 +71,39 @@ def _integer(text: str, *, minimum: int) -> int:
     return value
 
 
+def budgets(text: str) -> dict[str, int]:
+    """An argparse type: ``N`` (every role, key ``*``) or ``role=N,...`` reply budgets."""
+    if "=" not in text:
+        return {"*": positive(text)}
+    found: dict[str, int] = {}
+    for item in text.split(","):
+        role, _, value = item.partition("=")
+        role = role.strip()
+        if role not in BUDGET_ROLES:
+            raise argparse.ArgumentTypeError(f"unknown role '{role}' in '{text}'; roles: {', '.join(BUDGET_ROLES)}")
+        found[role] = positive(value.strip())
+    return found
+
+
+def with_budgets(policies: Policies, given: dict[str, int] | None) -> Policies:
+    """``policies`` with the ``--max-tokens`` budgets applied to the roles they name.
+
+    Every named role gets an entry of its own (a copy of the spec it answered with), so a
+    budget for the speakers never reaches the Director through ``default``.
+    """
+    if not given:
+        return policies
+    if "*" in given:
+        specs = {role: spec.model_copy(update={"max_tokens": given["*"]}) for role, spec in policies.specs.items()}
+        return Policies(specs, policies.roster, seed=policies.seed)
+    specs = dict(policies.specs)
+    for role, tokens in given.items():
+        names = policies.roster.persona_ids if role == "speakers" else [role]
+        for name in names:
+            specs[name] = policies.spec(name).model_copy(update={"max_tokens": tokens})
+    return Policies(specs, policies.roster, seed=policies.seed)
+
+
 def positive_float(text: str) -> float:
     """An argparse type: a number > 0."""
     try:
@@ -89,8 +126,8 @@ def policies_from_args(args: argparse.Namespace, roster: Roster) -> Policies:
     given = {k: getattr(args, k) for k in _DEFAULTS if getattr(args, k) is not None}
     if args.policies:
         specs = load_policy_specs(args.policies, roster)
-        return Policies({role: spec_from_flags({**spec.model_dump(), **given}) for role, spec in specs.items()},
-                        roster, seed=args.seed)
+        return with_budgets(Policies({role: spec_from_flags({**spec.model_dump(), **given})
+                                      for role, spec in specs.items()}, roster, seed=args.seed), args.max_tokens)
     tuning = {**_DEFAULTS, **given}
     if args.base_url:
         if not args.model:
@@ -101,7 +138,7 @@ def policies_from_args(args: argparse.Namespace, roster: Roster) -> Policies:
         if args.api_key_env:
             raise UsageError("--api-key-env only applies with --base-url")
         spec = spec_from_flags(dict(kind="local", model=args.model or DEFAULT_MODEL, **tuning))
-    return Policies.single(spec, roster, seed=args.seed)
+    return with_budgets(Policies.single(spec, roster, seed=args.seed), args.max_tokens)
 
 
 def spec_from_flags(fields: dict[str, object], flag_prefix: str = "--") -> PolicySpec:

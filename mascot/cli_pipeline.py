@@ -59,17 +59,20 @@ def _demo(args: argparse.Namespace) -> int:
     scenarios = load_scenarios("emotional_support")
     for name, chosen in (("train-scenarios.jsonl", scenarios[:2]), ("eval-scenarios.jsonl", scenarios[2:5])):
         (folder / name).write_text("".join(json.dumps(s.model_dump()) + "\n" for s in chosen), encoding="utf-8")
+    # the tiny model's replies are noise: 16 tokens show the machinery; a real model gets
+    # each role's own budget, so no direction or reply is cut
+    budget = {} if args.model else {"max_tokens": 16}
     with start_stub_server() if not args.model else nullcontext() as stub:
         judge = ({"model": "stub-judge", "base_url": stub.url, "block_turns": 2} if stub else
                  {"model": model, "block_turns": 2})
         recipe = {
             "roster": "emotional_support", "model": model, "out": ".",
-            "rollout": {"scenarios": "train-scenarios.jsonl", "episodes": 6, "max_rounds": 1, "max_tokens": 16},
+            "rollout": {"scenarios": "train-scenarios.jsonl", "episodes": 6, "max_rounds": 1, **budget},
             "judge": judge, "candidates": 3, "min_margin": 0.5,
             "reward-models": {"flags": ["--max_steps", "4"]},
             "speakers": {"config": "speakers-cpu-smoke", "flags": ["--max_steps", "2"]},
             "director": {"config": "director-cpu-smoke", "block_turns": 1, "flags": ["--max_steps", "1"]},
-            "eval": {"scenarios": "eval-scenarios.jsonl", "episodes": 3, "max_tokens": 16, "ablations": True,
+            "eval": {"scenarios": "eval-scenarios.jsonl", "episodes": 3, **budget, "ablations": True,
                      "baselines": ["zero_shot", "round_robin", "random"]},
         }
         recipe_file = folder / "recipe.yaml"

@@ -167,7 +167,7 @@ def _judge(args: argparse.Namespace) -> int:
     with exclusive(out_file), JudgementCache(cache_file) as cache, JsonlAppender(out_file, redact=redact) as sink:
         done = {_done_key(r, on_candidates) for _, r in read_jsonl(out_file) if _is_ok(r, on_candidates)}
         judge = Judge(rubric, policies.chat_model("judge"), model_name=model_name,
-                      structured_output=spec.kind == "openai", max_attempts=args.attempts,
+                      structured_output=True, max_attempts=args.attempts,
                       fault_tries=args.retries + 1, cache=cache)
         todo = [t for t in targets if _target_key(t, rubric.target) not in done]
         tally = {"ok": 0, "failed": 0}

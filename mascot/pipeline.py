@@ -34,7 +34,7 @@ class RolloutStage(_Section):
     profiles: str | None = None
     episodes: int = Field(default=8, ge=1)
     max_rounds: int = Field(default=1, ge=1)
-    max_tokens: int = Field(default=32, ge=1)
+    max_tokens: int | str | None = None  # --max-tokens: N or role=N,...; None: each role's default
 
 
 class ImportStage(_Section):
@@ -68,7 +68,7 @@ class EvalStage(_Section):
     baselines: list[str] = Field(default_factory=lambda: ["round_robin", "random", "zero_shot"])
     ablations: bool = False
     max_rounds: int = Field(default=1, ge=1)
-    max_tokens: int = Field(default=32, ge=1)
+    max_tokens: int | str | None = None
 
 
 class PipelineRecipe(_Section):
@@ -126,7 +126,7 @@ def stages(recipe: PipelineRecipe, base: Path) -> list[tuple[str, list[str]]]:
     plan: list[tuple[str, list[str]]] = []
     if recipe.rollout is not None:
         r = recipe.rollout
-        plan.append(("rollout", ["rollout", *local, "--max-tokens", str(r.max_tokens), "--episodes",
+        plan.append(("rollout", ["rollout", *local, *_budget_flag(r.max_tokens), "--episodes",
                                  str(r.episodes), "--max-rounds", str(r.max_rounds), "--seed", str(recipe.seed),
                                  *_file_flag("--scenarios", r.scenarios, base),
                                  *_file_flag("--profiles", r.profiles, base), "--out", episodes]))
@@ -136,7 +136,7 @@ def stages(recipe: PipelineRecipe, base: Path) -> list[tuple[str, list[str]]]:
         ("judge-blocks", ["judge", "--in", episodes, "--rubric", "group", "--block-turns",
                           str(recipe.judge.block_turns), *roster, *judge, "--out", str(out / "blocks.jsonl")]),
         ("candidates", ["candidates", "--in", episodes, *local, "--k", str(recipe.candidates),
-                        "--max-tokens", str(recipe.rollout.max_tokens if recipe.rollout else 64),
+                        *_budget_flag(recipe.rollout.max_tokens if recipe.rollout else None),
                         "--seed", str(recipe.seed), "--out", str(out / "candidates.jsonl")]),
         ("judge-candidates", ["judge", "--in", str(out / "candidates.jsonl"), "--rubric", "persona", *roster,
                               *judge, "--out", str(out / "judged.jsonl")]),
@@ -165,10 +165,15 @@ def stages(recipe: PipelineRecipe, base: Path) -> list[tuple[str, list[str]]]:
     plan.append(("eval", ["eval", *roster, "--policies", str(out / "adapters" / "policies.yaml"),
                           "--baselines", ",".join(e.baselines), *(["--ablations"] if e.ablations else []),
                           *_file_flag("--scenarios", e.scenarios, base),
-                          "--episodes", str(e.episodes), "--max-rounds", str(e.max_rounds), "--max-tokens",
-                          str(e.max_tokens), "--seed", str(recipe.seed), *_judge_flags(recipe.judge, base, "judge-"),
+                          "--episodes", str(e.episodes), "--max-rounds", str(e.max_rounds),
+                          *_budget_flag(e.max_tokens), "--seed", str(recipe.seed), *_judge_flags(recipe.judge, base, "judge-"),
                           "--out", str(out / "eval")]))
     return plan
+
+
+def _budget_flag(budget: int | str | None) -> list[str]:
+    """``--max-tokens`` of a stage, or nothing (each role's default budget)."""
+    return [] if budget is None else ["--max-tokens", str(budget)]
 
 
 def run_pipeline(

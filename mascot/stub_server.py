@@ -33,8 +33,10 @@ log = logging.getLogger(__name__)
 
 FAULTS = ("500", "429", "timeout", "disconnect", "truncated")
 MODEL = "stub"
-_SPEAKERS = re.compile(r"The speaker must be one of:([^\n]*)")
-_QUOTED = re.compile(r'"([^"\\]+)"')
+_VOICES = re.compile(r"Voices who may speak now:\n((?:- [^\n]*\n?)+)")
+_VOICE_ID = re.compile(r"^- ([a-z][a-z0-9_]*): ", re.MULTILINE)
+_HAND_BACK = '"user" to hand the turn back'
+
 _SENTENCES = (
     "That sounds really hard, and it makes sense that you feel this way.",
     "I wonder whether the evidence actually supports that conclusion.",
@@ -104,6 +106,19 @@ def _judgement(body: dict[str, Any], target: str, leak: str) -> str:
     return json.dumps({"rationale": "stub judgement" + leak, "scores": scores})
 
 
+def _allowed_speakers(body: dict[str, Any], system: str) -> list[str]:
+    """The speakers a direction may name: the ``enum`` of a JSON-schema request (as a
+    server with structured outputs enforces it), else the voices the prompt offers."""
+    response_format = body.get("response_format") or {}
+    schema = (response_format.get("json_schema") or {}).get("schema") or {}
+    enum = ((schema.get("properties") or {}).get("speaker") or {}).get("enum")
+    if isinstance(enum, list) and enum:
+        return [str(item) for item in enum]
+    found = _VOICES.search(system)
+    ids = _VOICE_ID.findall(found.group(1)) if found else []
+    return ids + (["user"] if _HAND_BACK in system else [])
+
+
 class _Stub:
     """One server's state: the config, the fault draws and the counters."""
 
@@ -123,8 +138,7 @@ class _Stub:
         if system and system[0].startswith(_JUDGE_OPENING):
             return _judgement(body, _text(messages[-1].get("content")), leak)
         if "response_format" in body or (system and system[0].startswith("You are the Director")):
-            found = _SPEAKERS.search("\n".join(system))
-            ids = _QUOTED.findall(found.group(1)) if found else []
+            ids = _allowed_speakers(body, "\n".join(system))
             speaker = ids[n % len(ids)] if ids else "user"
             action = _ACTIONS[n % len(_ACTIONS)] + leak
             return json.dumps({"speaker": speaker, "action": action, "tone": _TONES[n % 4]})

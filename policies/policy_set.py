@@ -13,7 +13,8 @@ from langchain_core.language_models import BaseChatModel
 from langchain_openai import ChatOpenAI
 from pydantic import SecretStr
 
-from mascot.policies.spec import PolicyError, PolicySpec, load_policy_specs
+from mascot.policies.thinking import chat_template_kwargs
+from mascot.policies.spec import PolicyError, PolicySpec, load_policy_specs, role_max_tokens
 from mascot.rosters import Roster
 
 if TYPE_CHECKING:
@@ -111,6 +112,7 @@ class Policies:
             if spec.kind == "openai":
                 self._models[role] = openai_chat_model(
                     spec,
+                    max_tokens=self.max_tokens(role),
                     seed=self.seed,
                     http_client=self._http_client,
                     http_async_client=self._http_async_client,
@@ -122,6 +124,10 @@ class Policies:
     def speakers(self) -> dict[str, BaseChatModel]:
         """Persona id -> chat model, for ``create_director_graph(speakers=...)``."""
         return {pid: self.chat_model(pid) for pid in self.roster.persona_ids}
+
+    def max_tokens(self, role: str) -> int:
+        """The reply budget of ``role``: its spec's ``max_tokens``, else the role's default."""
+        return self.spec(role).max_tokens or role_max_tokens(role)
 
     def describe(self, role: str) -> str:
         """A short, secret-free description of a role's policy, for logs and output."""
@@ -160,7 +166,7 @@ class Policies:
         return LocalChatModel(
             backend=self._backends[spec.model],
             adapter=self._adapter_names[spec.adapter] if spec.adapter else None,
-            max_new_tokens=spec.max_tokens,
+            max_new_tokens=self.max_tokens(role),
             temperature=spec.temperature,
             seed=self.seed,
         )
@@ -178,6 +184,7 @@ class Policies:
 def openai_chat_model(
     spec: PolicySpec,
     *,
+    max_tokens: int | None = None,
     seed: int | None = None,
     http_client: httpx.Client | None = None,
     http_async_client: httpx.AsyncClient | None = None,
@@ -186,6 +193,7 @@ def openai_chat_model(
 
     Args:
         spec: A spec of kind ``openai``.
+        max_tokens: Reply budget when the spec sets none (default: the speakers').
         seed: Sent as the request's ``seed`` when given.
         http_client: Sync HTTP client to use (e.g. with ``httpx.MockTransport``).
         http_async_client: Async HTTP client to use.
@@ -209,10 +217,13 @@ def openai_chat_model(
         base_url=spec.base_url,
         api_key=SecretStr(key),
         temperature=spec.temperature,
-        max_tokens=spec.max_tokens,
+        max_tokens=spec.max_tokens or max_tokens or role_max_tokens("default"),
         timeout=spec.timeout,
         max_retries=spec.max_retries,
         seed=seed,
+        # vLLM and the local server render the chat template with these variables (thinking
+        # off, as in training); OpenAI's own API has no such field
+        extra_body={"chat_template_kwargs": chat_template_kwargs()} if spec.base_url else None,
         http_client=http_client,
         http_async_client=http_async_client,
     )

@@ -15,6 +15,19 @@ from mascot.rosters.yaml_file import YamlFileError, read_yaml
 FIXED_ROLES = ("director", "user", "judge", "default")
 
 
+#: Default reply budget (tokens) of each role when its spec sets none; every other role
+#: (the personas, ``default``) gets ``SPEAKER_MAX_TOKENS``. Sized on a real small model:
+#: a constrained direction is at most ~100 tokens, a two-to-four-sentence reply ~60-150,
+#: a judge's scores with a short rationale ~150-350.
+ROLE_MAX_TOKENS = {"director": 160, "user": 96, "judge": 512}
+SPEAKER_MAX_TOKENS = 200
+
+
+def role_max_tokens(role: str) -> int:
+    """The default reply budget of ``role`` (``ROLE_MAX_TOKENS``, else the speakers')."""
+    return ROLE_MAX_TOKENS.get(role, SPEAKER_MAX_TOKENS)
+
+
 class PolicyError(ValueError):
     """A policy file or flag combination is invalid; the message is one line."""
 
@@ -34,7 +47,9 @@ class PolicySpec(BaseModel):
         api_key_env: Name of the environment variable holding the API key (``openai``
             only). The key itself is never written to a file or a log.
         temperature: Sampling temperature.
-        max_tokens: Length limit per reply.
+        max_tokens: Length limit per reply; ``None`` gives the role its own default
+            budget (``ROLE_MAX_TOKENS``): a Director's JSON, a persona's reply, a simulated
+            person's message and a judge's verdict differ in length.
         timeout: Seconds per request (``openai`` only).
         max_retries: Retries on connection errors, 429 and 5xx (``openai`` only).
     """
@@ -48,7 +63,7 @@ class PolicySpec(BaseModel):
     base_url: str | None = None
     api_key_env: str | None = Field(default=None, pattern=r"^[A-Za-z_][A-Za-z0-9_]*$")
     temperature: float = Field(default=0.7, ge=0.0, le=2.0)
-    max_tokens: int = Field(default=256, ge=1)
+    max_tokens: int | None = Field(default=None, ge=1)
     timeout: float = Field(default=60.0, gt=0)
     max_retries: int = Field(default=2, ge=0)
 

@@ -32,7 +32,7 @@ def test_contexts_are_the_persona_turns(roster: Roster, episodes: list) -> None:
     first = contexts[0]
     persona = roster.persona(first.persona)
     assert first.prompt[0].type == "system" and persona.name in first.prompt[0].text
-    assert first.direction.action in first.prompt[-1].text  # the stage direction is the last cue
+    assert f"The Director asks you to: {first.direction.action}" in first.prompt[0].text  # the direction is its task
     episode = next(e for e in episodes if e.id == first.episode_id)
     assert first.context == [m.model_dump(include={"role", "content", "name"}, exclude_none=True)
                              for m in episode.messages[: first.turn]]

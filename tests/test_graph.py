@@ -58,12 +58,13 @@ def test_one_round_turn_by_turn(roster) -> None:
     assert state["messages"][2].additional_kwargs["stage_direction"]["action"] == "probe 'again'"
     # the director saw the roster and the conversation; speakers saw their direction
     director_prompt = director.calls[0][0].text
-    assert "The Catalyst" in director_prompt and '"anchor"' in director_prompt
+    assert "The Catalyst" in director_prompt and "- anchor:" in director_prompt
     assert "I failed my driving test again" in director.calls[0][1].text
     catalyst_prompt = speakers["catalyst"].calls[0]
     assert catalyst_prompt[0].text.startswith("You are The Catalyst")
-    assert "The Anchor: That sounds really discouraging." in catalyst_prompt[-1].text
-    assert "action: probe 'again'" in catalyst_prompt[-1].text
+    assert "The Anchor: That sounds really discouraging." in catalyst_prompt[0].text
+    assert "The Director asks you to: probe 'again'" in catalyst_prompt[0].text
+    assert catalyst_prompt[-1].text == "I failed my driving test again"  # it answers the person
     rows = openai_messages(state["messages"])
     assert rows[1] == {"role": "assistant", "content": "That sounds really discouraging.", "name": "anchor",
                        "stage_direction": {"speaker": "anchor", "action": "validate", "tone": "warm"}}

@@ -23,9 +23,9 @@ from mascot.rosters import USER, Roster
 from mascot.stub_server import StubConfig, StubServer, main, start_stub_server
 
 DIRECTOR = (
-    "You are the Director of a test.\nAnswer with JSON, for example:\n"
-    '{"speaker": "example", "action": "a", "tone": "b"}\n'
-    'The speaker must be one of: "anchor", "skeptic", or "user" to hand the turn back.'
+    "You are the Director of a test.\n\nVoices who may speak now:\n- anchor: The Anchor.\n- skeptic: The Skeptic.\n\n"
+    'Reply with one JSON object with the keys "speaker" (the id of the voice, or "user" to hand the turn back to '
+    'the person), "action" and "tone".'
 )
 
 

@@ -89,7 +89,7 @@ def system_graphs(
 
     def director(director_policy: Policies, speakers: dict[str, BaseChatModel]) -> Any:
         return create_director_graph(roster, director=director_policy.chat_model("director"), speakers=speakers,
-                                     structured_output=director_policy.spec("director").kind == "openai", **common)
+                                     structured_output=True, **common)
 
     builders: dict[str, Callable[[], Any]] = {
         "trained": lambda: director(trained, trained.speakers()),
