@@ -38,7 +38,8 @@ def clean_reply(text: str, *, own: Iterable[str], others: Iterable[str]) -> str:
     A model continuing a transcript tends to start with its own label
     (``"The Anchor: ..."``, ``"[anchor] ..."``) and to go on writing other speakers'
     lines (``"\\nCatalyst: ..."``). The first is removed; the reply is cut where the
-    second begins. Reasoning blocks (``<think>``) are dropped.
+    second begins. Reasoning blocks (``<think>``) are dropped, and a reply that starts
+    repeating a sentence is cut there (``cut_repetition``).
 
     Args:
         text: The generated text.
@@ -61,7 +62,28 @@ def clean_reply(text: str, *, own: Iterable[str], others: Iterable[str]) -> str:
         match = other_line.search(text)
         if match:
             text = text[: match.start()]
-    return text.strip().strip('"').strip()
+    return cut_repetition(text.strip().strip('"').strip())
+
+
+_SENTENCE_END = re.compile(r"(?<=[.!?])\s+")
+
+
+def cut_repetition(text: str) -> str:
+    """Cut a reply where it starts saying a sentence again.
+
+    Small models fall into loops ("What makes you sure? What makes you sure? ...") until
+    their token budget runs out; the first occurrence is kept.
+    """
+    seen: set[str] = set()
+    start = 0
+    for boundary in [*_SENTENCE_END.finditer(text), None]:
+        end = boundary.start() if boundary else len(text)
+        key = " ".join(_WORD.findall(text[start:end].lower()))
+        if key and key in seen:
+            return text[:start].strip()
+        seen.add(key)
+        start = boundary.end() if boundary else end
+    return text
 
 
 _WORD = re.compile(r"[a-z0-9']+")

@@ -102,10 +102,69 @@ def test_structured_output_path(roster) -> None:
             return RunnableLambda(parse)
 
     director = Structured(replies=[d("beacon"), d(USER)])
+    schemas = []
+    original = Structured.with_structured_output
+
+    def recording(self, schema, **kwargs):
+        schemas.append(schema["properties"]["speaker"]["enum"])
+        return original(self, schema, **kwargs)
+
+    Structured.with_structured_output = recording
     graph = create_director_graph(roster, director=director, speakers=ScriptedChat(replies=["hope"]),
                                   structured_output=True).compile()
     state = graph.invoke({"messages": [HumanMessage("hi")]})
     assert persona_turns(state) == [("beacon", "hope")]
+    # the schema's speaker enum holds who may speak now: every persona before anyone spoke
+    # (no hand-back yet), then the others and the person once beacon has spoken
+    assert [list(roster.persona_ids), ["anchor", "catalyst", "action_guide", USER]] == schemas[1:]
+
+
+def test_model_without_structured_output_is_prompted_for_json(roster, caplog) -> None:
+    director = ScriptedChat(replies=[d("beacon"), d(USER)])  # LangChain's default: no structured output
+    graph = create_director_graph(roster, director=director, speakers=ScriptedChat(replies=["hope"]),
+                                  structured_output=True).compile()
+    state = graph.invoke({"messages": [HumanMessage("hi")]})
+    assert persona_turns(state) == [("beacon", "hope")]
+    assert "prompted for JSON instead" in caplog.text
+
+
+def test_each_persona_speaks_once_per_round(roster) -> None:
+    director = ScriptedChat(replies=[d("anchor"), d("anchor"), d(USER), d("anchor"), d(USER)])
+    graph = create_director_graph(roster, director=director, speakers=ScriptedChat(replies=["a", "b", "c"]),
+                                  max_speakers_per_round=3).compile(checkpointer=InMemorySaver())
+    config = {"configurable": {"thread_id": "t"}}
+    state = graph.invoke({"messages": [HumanMessage("first")]}, config)
+    # the second "anchor" of the round is replaced by the least recently heard persona
+    assert persona_turns(state) == [("anchor", "a"), ("catalyst", "b")]
+    assert state["fallbacks"][0]["reason"] == "'anchor' already spoke this round"
+    director_prompt = director.calls[1][0].text
+    assert "- anchor:" not in director_prompt and "- catalyst:" in director_prompt
+    assert "Already spoke since the person's last message: The Anchor." in director_prompt
+    state = graph.invoke({"messages": [HumanMessage("second")]}, config)  # a new round: anchor may speak again
+    assert persona_turns(state)[-1] == ("anchor", "c")
+
+
+def test_every_persona_heard_hands_back_without_asking(roster) -> None:
+    director = ScriptedChat(replies=[d(pid) for pid in roster.persona_ids])
+    graph = create_director_graph(roster, director=director, speakers=ScriptedChat(replies=list("abcd")),
+                                  max_speakers_per_round=6).compile()
+    state = graph.invoke({"messages": [HumanMessage("hi")]})
+    assert [name for name, _ in persona_turns(state)] == list(roster.persona_ids)
+    assert stage_directions(state)[-1].speaker == USER and len(director.calls) == len(roster.persona_ids)
+
+
+def test_echoed_direction_is_cut_and_recorded(roster) -> None:
+    director = ScriptedChat(replies=[d("catalyst", "Gently question the belief that failing means being an idiot"),
+                                     d("anchor"), d(USER)])
+    speakers = ScriptedChat(replies=[
+        "(Director to The Catalyst - action: question the belief; tone: warm)\n"
+        "The Catalyst gently questions the belief that failing means being an idiot.",
+        "You failed a test. That does not make you an idiot.",
+    ])
+    state = create_director_graph(roster, director=director, speakers=speakers).compile().invoke(
+        {"messages": [HumanMessage("I failed again, I'm an idiot")]})
+    assert persona_turns(state) == [("anchor", "You failed a test. That does not make you an idiot.")]
+    assert {"node": "catalyst", "round": 0, "reason": "echoed the stage direction; turn skipped"} in state["fallbacks"]
 
 
 def test_simulated_user_runs_rounds_until_max(roster) -> None:

@@ -28,3 +28,25 @@ OTHERS = user_labels() + speaker_labels("catalyst", "The Catalyst", "action_guid
 )
 def test_clean_reply(text: str, expected: str) -> None:
     assert clean_reply(text, own=OWN, others=OTHERS) == expected
+
+
+def test_a_reply_that_loops_is_cut_where_it_repeats_a_sentence() -> None:
+    from mascot.graphs.reply import cut_repetition
+
+    assert cut_repetition("I wonder. What makes you sure? What makes you sure? What makes") == "I wonder. What makes you sure?"
+    assert cut_repetition("Line one.\n\nLine two! line ONE?") == "Line one.\n\nLine two!"
+    assert cut_repetition("No loop here. None at all.") == "No loop here. None at all."
+
+
+def test_echoed_directions_are_told_from_answers() -> None:
+    from mascot.graphs.reply import echoes_direction, strip_cues
+
+    direction = "Gently question the belief that failing means being an idiot curious, warm"
+    names = ["catalyst", "The Catalyst", "Catalyst"]
+    assert echoes_direction("Gently question the belief that failing means being an idiot.", direction, names=names)
+    assert echoes_direction("The Catalyst gently questions the belief that failing means being an idiot.",
+                            direction, names=names)
+    assert not echoes_direction("I wonder if failing really means being an idiot. What would you tell a friend "
+                                "who failed three times?", direction, names=names)
+    assert not echoes_direction("Yes, a bit.", direction, names=names)  # too short to call
+    assert strip_cues("(Director to The Catalyst - action: probe; tone: warm) Why now?") == "Why now?"
