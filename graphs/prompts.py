@@ -57,11 +57,9 @@ def director_messages(
     direction: small models copy an example's speaker and wording.
     """
     heard = round_speakers(list(messages))
-    voices = "\n".join(
-        f"- {p.id}: {p.name}, the {p.role}. {p.persona.split('. ')[0].rstrip('.')}."
-        for p in roster.personas
-        if p.id not in heard
-    )
+    # ids, names and roles only: a weak model copies any description it is shown into the
+    # action it writes
+    voices = "\n".join(f"- {p.id}: {p.name}, the {p.role}" for p in roster.personas if p.id not in heard)
     spoke = ", ".join(roster.persona(pid).name for pid in heard if pid in roster.persona_ids)
     hand_back = (
         f', or "{USER}" to hand the turn back to the person'
@@ -83,9 +81,14 @@ def director_messages(
         f"in a few words). Write nothing else."
     )
     conversation = transcript(messages, roster) or "(no messages yet)"
+    # the allowed speakers again at the very end: small models follow what they read last
+    choices = ", ".join(p.id for p in roster.personas if p.id not in heard)
+    if hand_back:
+        choices += f', or "{USER}"'
     return [
         SystemMessage(system),
-        HumanMessage(f"Conversation so far:\n\n{conversation}\n\nWhich voice speaks next, and what should it do?"),
+        HumanMessage(f"Conversation so far:\n\n{conversation}\n\nWhich voice speaks next, and what should it "
+                     f"do? The speaker is one of: {choices}."),
     ]
 
 
