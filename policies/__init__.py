@@ -5,10 +5,19 @@ it from its module. Everything here imports without torch.
 """
 
 from mascot.policies.policy_set import Policies, openai_chat_model
-from mascot.policies.spec import FIXED_ROLES, PolicyError, PolicySpec, load_policy_specs
+from mascot.policies.spec import (
+    FIXED_ROLES,
+    ROLE_MAX_TOKENS,
+    SPEAKER_MAX_TOKENS,
+    PolicyError,
+    PolicySpec,
+    load_policy_specs,
+)
 
 __all__ = [
     "FIXED_ROLES",
+    "ROLE_MAX_TOKENS",
+    "SPEAKER_MAX_TOKENS",
     "Policies",
     "PolicyError",
     "PolicySpec",

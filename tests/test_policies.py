@@ -126,3 +126,27 @@ def test_no_key_sent_without_api_key_env(monkeypatch: pytest.MonkeyPatch) -> Non
     with pytest.raises(Exception, match="boom"):
         model.invoke("hi")
     assert seen == ["Bearer EMPTY"]
+
+
+def test_each_role_has_its_own_reply_budget(roster) -> None:
+    import argparse
+
+    from mascot.cli_options import budgets, with_budgets
+    from mascot.policies import ROLE_MAX_TOKENS, SPEAKER_MAX_TOKENS
+
+    policies = Policies.single(PolicySpec(model="some/model"), roster)
+    assert policies.max_tokens("director") == ROLE_MAX_TOKENS["director"]
+    assert policies.max_tokens("user") == ROLE_MAX_TOKENS["user"]
+    assert policies.max_tokens("judge") == ROLE_MAX_TOKENS["judge"]
+    assert policies.max_tokens("anchor") == SPEAKER_MAX_TOKENS
+    per_role = with_budgets(policies, budgets("director=50,speakers=70"))
+    assert [per_role.max_tokens(r) for r in ("director", "anchor", "beacon", "user", "judge")] == \
+        [50, 70, 70, ROLE_MAX_TOKENS["user"], ROLE_MAX_TOKENS["judge"]]  # speakers' budget never reaches others
+    everyone = with_budgets(policies, budgets("16"))
+    assert {everyone.max_tokens(r) for r in ("director", "anchor", "user", "judge")} == {16}
+    explicit = Policies.single(PolicySpec(model="some/model", max_tokens=33), roster)
+    assert explicit.max_tokens("director") == 33  # a spec's own value wins over the role default
+    with pytest.raises(argparse.ArgumentTypeError, match="unknown role 'narrator'"):
+        budgets("narrator=5")
+    with pytest.raises(argparse.ArgumentTypeError, match="must be >= 1"):
+        budgets("director=0")
