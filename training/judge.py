@@ -131,6 +131,11 @@ def _parse_vote(output: str | Mapping[str, Any]) -> tuple[str, str]:
     return vote, rationale.strip() if isinstance(rationale, str) else ""
 
 
+#: Longest rationale a judge may write under structured output (characters): two or three
+#: sentences, so that a weak model's verdict fits the judge's reply budget.
+RATIONALE_MAX_CHARS = 400
+
+
 class Judge:
     """Scores targets under one rubric with one chat model, cached and retried."""
 
@@ -299,7 +304,8 @@ class Judge:
         scores = {"type": "object", "properties": dict.fromkeys(ids, score), "required": ids,
                   "additionalProperties": False}
         return {"title": "judgement", "description": f"Scores under the '{self.rubric.id}' rubric.",
-                "type": "object", "properties": {"rationale": {"type": "string"}, "scores": scores},
+                "type": "object", "properties": {"rationale": {"type": "string", "maxLength": RATIONALE_MAX_CHARS},
+                                                 "scores": scores},
                 "required": ["rationale", "scores"], "additionalProperties": False}
 
     def _check(self, target: Target) -> None:
