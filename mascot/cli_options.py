@@ -41,7 +41,7 @@ def add_policy_flags(parser: argparse.ArgumentParser) -> None:
                        help="environment variable with the endpoint's API key")
     group.add_argument("--max-tokens", type=budgets, metavar="N|ROLE=N,...",
                        help="reply budgets in tokens: N for every role, or per role, e.g. "
-                            "director=160,speakers=200,user=96,judge=512 (the defaults; "
+                            "director=160,speakers=160,user=96,judge=512 (the defaults; "
                             "with --policies: overrides the file)")
     group.add_argument("--temperature", type=float, metavar="T",
                        help=f"sampling temperature (default {_DEFAULTS['temperature']}; "

@@ -17,10 +17,10 @@ FIXED_ROLES = ("director", "user", "judge", "default")
 
 #: Default reply budget (tokens) of each role when its spec sets none; every other role
 #: (the personas, ``default``) gets ``SPEAKER_MAX_TOKENS``. Sized on a real small model:
-#: a constrained direction is at most ~100 tokens, a two-to-four-sentence reply ~60-150,
+#: a constrained direction is at most ~100 tokens, a two-to-four-sentence reply ~40-120,
 #: a judge's scores with a short rationale ~150-350.
 ROLE_MAX_TOKENS = {"director": 160, "user": 96, "judge": 512}
-SPEAKER_MAX_TOKENS = 200
+SPEAKER_MAX_TOKENS = 160
 
 
 def role_max_tokens(role: str) -> int:
