@@ -161,7 +161,7 @@ class Policies:
                     adapters[other_role] = other.adapter
                     versions[other_role] = other.version
             self._backends[spec.model] = LocalBackend.load(
-                spec.model, adapters=adapters, adapter_versions=versions
+                spec.model, adapters=adapters, adapter_versions=versions, dtype=spec.dtype
             )
         return LocalChatModel(
             backend=self._backends[spec.model],

@@ -52,6 +52,8 @@ class PolicySpec(BaseModel):
             person's message and a judge's verdict differ in length.
         timeout: Seconds per request (``openai`` only).
         max_retries: Retries on connection errors, 429 and 5xx (``openai`` only).
+        dtype: Precision of a ``local`` model; ``None`` picks bfloat16 where the device
+            computes it natively, float32 elsewhere (``auto``: the model config's).
     """
 
     model_config = ConfigDict(extra="forbid", frozen=True)
@@ -66,9 +68,12 @@ class PolicySpec(BaseModel):
     max_tokens: int | None = Field(default=None, ge=1)
     timeout: float = Field(default=60.0, gt=0)
     max_retries: int = Field(default=2, ge=0)
+    dtype: Literal["auto", "bfloat16", "float16", "float32"] | None = None
 
     @model_validator(mode="after")
     def _fields_fit_kind(self) -> PolicySpec:
+        if self.kind == "openai" and self.dtype:
+            raise ValueError("dtype is for kind 'local'; a server chooses its own precision")
         if self.kind == "local" and (self.base_url or self.api_key_env):
             raise ValueError("base_url and api_key_env are for kind 'openai', not 'local'")
         if self.kind == "openai" and self.adapter:

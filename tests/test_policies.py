@@ -150,3 +150,15 @@ def test_each_role_has_its_own_reply_budget(roster) -> None:
         budgets("narrator=5")
     with pytest.raises(argparse.ArgumentTypeError, match="must be >= 1"):
         budgets("director=0")
+
+
+def test_dtype_of_a_local_policy(roster, tiny_model: Path) -> None:
+    import torch
+
+    for name, dtype in (("float32", torch.float32), ("bfloat16", torch.bfloat16)):
+        policies = Policies.single(PolicySpec(model=str(tiny_model), dtype=name), roster)
+        assert next(policies.chat_model("anchor").backend.model.parameters()).dtype == dtype
+    with pytest.raises(ValueError, match="dtype is for kind 'local'"):
+        PolicySpec(kind="openai", model="m", base_url="http://127.0.0.1:9/v1", dtype="float32")
+    with pytest.raises(ValueError):
+        PolicySpec(model="m", dtype="int3")
