@@ -51,6 +51,16 @@ def test_top_k_and_top_p_keep_draws_inside_their_sets() -> None:
     assert {row[1] for row in picks} == {28, 29}
 
 
+def test_draws_follow_the_distribution() -> None:
+    scores = torch.log(torch.tensor([[0.5, 0.3, 0.15, 0.05]]))
+    for setting, expected in ((Sampling(), [0.5, 0.3, 0.15, 0.05]), (Sampling(top_p=0.7), [0.625, 0.375, 0, 0]),
+                              (Sampling(temperature=0.5, top_k=2), [0.735, 0.265, 0, 0])):
+        sampler = RowSampler([setting], [42], [0], "cpu")
+        picks = [drawn(sampler, torch.zeros(1, 1, dtype=torch.long), scores)[0] for _ in range(4000)]
+        frequencies = [picks.count(token) / len(picks) for token in range(4)]
+        assert all(abs(f - e) < 0.03 for f, e in zip(frequencies, expected)), (setting, frequencies)
+
+
 def test_repetition_penalty_ignores_left_padding() -> None:
     scores = torch.tensor([[2.0, 1.9, 0.0, -1.0]] * 2)
     penalty = Sampling(temperature=0, repetition_penalty=1.2)
