@@ -18,7 +18,7 @@ backend's micro-batcher vs one at a time (``max_batch=1``), and batch-1 decode t
 against the memory-bandwidth floor (bytes of weights read per decoding step / measured
 copy bandwidth). Raw episodes go to ``--out`` (JSONL, one line per round and condition).
 
-    python bench/real_model.py --model DIR [--scenarios 20] [--concurrency 8] [--out FILE]
+    python bench/real_model.py --model DIR [--scenarios 20] [--concurrency 8] [--out FILE] [--speed-only]
 """
 
 from __future__ import annotations
@@ -175,6 +175,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--new-tokens", type=int, default=64)
     parser.add_argument("--out", default="bench-real-model.jsonl", help="raw rounds (JSONL)")
+    parser.add_argument("--speed-only", action="store_true", help="skip the rounds; measure generation speed only")
     args = parser.parse_args(argv)
     roster = load_roster(args.roster)
     openings = [(s.id, s.opening) for s in load_scenarios(roster.id)[: args.scenarios]]
@@ -184,6 +185,19 @@ def main(argv: list[str] | None = None) -> int:
     print(f"{args.model}: {sum(p.numel() for p in backend.model.parameters()) / 1e6:.0f}M parameters, "
           f"{next(backend.model.parameters()).dtype}, {torch.get_num_threads()} threads; "
           f"{len(openings)} openings of {roster.id}, one round each, {args.concurrency} at a time", flush=True)
+    if not args.speed_only:
+        rounds_table(args, roster, openings, director, speakers)
+    speed = generation_speed(backend, args.concurrency, args.new_tokens)
+    floor = bandwidth_floor(backend, args.new_tokens)
+    print(f"\n{args.concurrency} concurrent seeded calls, {args.new_tokens} new tokens each:")
+    for key, value in {**speed, **floor}.items():
+        print(f"  {key:28} {value:10.2f}")
+    return 0
+
+
+def rounds_table(args: argparse.Namespace, roster: Any, openings: list[tuple[str, str]], director: Any,
+                 speakers: Any) -> None:
+    """Play the rounds in both conditions, write them raw and print the quality table."""
     embedder = default_embedder()
     results: dict[str, dict[str, float]] = {}
     with open(args.out, "w", encoding="utf-8") as raw:
@@ -205,13 +219,7 @@ def main(argv: list[str] | None = None) -> int:
     for key in results["constrained"]:
         a, b = results["constrained"][key], results["prompted JSON"][key]
         print(f"| {key:38} | {a:12.2f} | {b:13.2f} |" if isinstance(a, float) else f"| {key:38} | {a:12} | {b:13} |")
-    speed = generation_speed(backend, args.concurrency, args.new_tokens)
-    floor = bandwidth_floor(backend, args.new_tokens)
-    print(f"\n{args.concurrency} concurrent seeded calls, {args.new_tokens} new tokens each:")
-    for key, value in {**speed, **floor}.items():
-        print(f"  {key:28} {value:10.2f}")
     print(f"\nraw rounds: {args.out}")
-    return 0
 
 
 if __name__ == "__main__":

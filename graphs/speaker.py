@@ -55,7 +55,7 @@ def speaker_node(roster: Roster, persona: Persona, model: BaseChatModel) -> Node
         if not text:
             reason = "empty reply; turn skipped"
         elif echoes_direction(text, f"{direction.action} {direction.tone}", names=own):
-            reason = "echoed the stage direction; turn skipped"
+            reason = f"echoed the stage direction; turn skipped: {text[:80]!r}"
         if reason:
             logger.warning("%s: %s", persona.id, reason)
             update["fallbacks"] = [{"node": persona.id, "round": state.get("round", 0), "reason": reason}]

@@ -164,7 +164,8 @@ def test_echoed_direction_is_cut_and_recorded(roster) -> None:
     state = create_director_graph(roster, director=director, speakers=speakers).compile().invoke(
         {"messages": [HumanMessage("I failed again, I'm an idiot")]})
     assert persona_turns(state) == [("anchor", "You failed a test. That does not make you an idiot.")]
-    assert {"node": "catalyst", "round": 0, "reason": "echoed the stage direction; turn skipped"} in state["fallbacks"]
+    echo = next(f for f in state["fallbacks"] if f["node"] == "catalyst")
+    assert echo["reason"].startswith("echoed the stage direction; turn skipped: 'The Catalyst gently questions")
 
 
 def test_simulated_user_runs_rounds_until_max(roster) -> None:
