@@ -219,23 +219,23 @@ def _speaker_choices(roster: Roster, state: DirectorState, min_speakers_per_roun
     return choices
 
 
-def _structured_models(director: BaseChatModel) -> Callable[[tuple[str, ...]], Runnable] | None:
+def _structured_models(director: BaseChatModel) -> Callable[[tuple[str, ...]], Runnable]:
     """A factory of structured-output runnables, one per set of allowed speakers (each
-    with the speakers in its schema's ``enum``), or ``None`` when the model has no
-    structured output: then the Director is prompted for JSON, with a warning."""
-    try:
-        director.with_structured_output(direction_schema(("x",)), method="json_schema", include_raw=True)
-    except NotImplementedError:
-        logger.warning("%s has no structured output; the Director is prompted for JSON instead",
-                       type(director).__name__)
-        return None
+    with the speakers in its schema's ``enum``), built on first use. A model without
+    structured output answers as itself: the Director is prompted for JSON, with a warning."""
     models: dict[tuple[str, ...], Runnable] = {}
 
     def structured(speakers: tuple[str, ...]) -> Runnable:
         if speakers not in models:
-            models[speakers] = director.with_structured_output(
-                direction_schema(speakers), method="json_schema", include_raw=True
-            )
+            try:
+                models[speakers] = director.with_structured_output(
+                    direction_schema(speakers), method="json_schema", include_raw=True
+                )
+            except NotImplementedError:
+                if not models:
+                    logger.warning("%s has no structured output; the Director is prompted for JSON instead",
+                                   type(director).__name__)
+                models[speakers] = director
         return models[speakers]
 
     return structured

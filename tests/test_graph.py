@@ -116,7 +116,7 @@ def test_structured_output_path(roster) -> None:
     assert persona_turns(state) == [("beacon", "hope")]
     # the schema's speaker enum holds who may speak now: every persona before anyone spoke
     # (no hand-back yet), then the others and the person once beacon has spoken
-    assert [list(roster.persona_ids), ["anchor", "catalyst", "action_guide", USER]] == schemas[1:]
+    assert schemas == [list(roster.persona_ids), ["anchor", "catalyst", "action_guide", USER]]
 
 
 def test_model_without_structured_output_is_prompted_for_json(roster, caplog) -> None:
