@@ -59,22 +59,8 @@ def _demo(args: argparse.Namespace) -> int:
     scenarios = load_scenarios("emotional_support")
     for name, chosen in (("train-scenarios.jsonl", scenarios[:2]), ("eval-scenarios.jsonl", scenarios[2:5])):
         (folder / name).write_text("".join(json.dumps(s.model_dump()) + "\n" for s in chosen), encoding="utf-8")
-    # the tiny model's replies are noise: 16 tokens show the machinery; a real model gets
-    # each role's own budget, so no direction or reply is cut
-    budget = {} if args.model else {"max_tokens": 16}
     with start_stub_server() if not args.model else nullcontext() as stub:
-        judge = ({"model": "stub-judge", "base_url": stub.url, "block_turns": 2} if stub else
-                 {"model": model, "block_turns": 2})
-        recipe = {
-            "roster": "emotional_support", "model": model, "out": ".",
-            "rollout": {"scenarios": "train-scenarios.jsonl", "episodes": 6, "max_rounds": 1, **budget},
-            "judge": judge, "candidates": 3, "min_margin": 0.5,
-            "reward-models": {"flags": ["--max_steps", "4"]},
-            "speakers": {"config": "speakers-cpu-smoke", "flags": ["--max_steps", "2"]},
-            "director": {"config": "director-cpu-smoke", "block_turns": 1, "flags": ["--max_steps", "1"]},
-            "eval": {"scenarios": "eval-scenarios.jsonl", "episodes": 3, **budget, "ablations": True,
-                     "baselines": ["zero_shot", "round_robin", "random"]},
-        }
+        recipe = demo_recipe(model, judge_url=stub.url if stub else None)
         recipe_file = folder / "recipe.yaml"
         recipe_file.write_text(yaml.safe_dump(recipe, sort_keys=False), encoding="utf-8")
         err.print(f"demo: model {model}; judge {'the stub server (scores derived from a hash of the text)' if stub else model}",
@@ -88,6 +74,30 @@ def _demo(args: argparse.Namespace) -> int:
               f"(mascot chat --roster emotional_support --policies {folder / 'adapters' / 'policies.yaml'})",
               markup=False)
     return 0
+
+
+def demo_recipe(model: str, *, judge_url: str | None) -> dict:
+    """The demo's pipeline recipe on ``model``.
+
+    Args:
+        model: The base model of every policy and reward model.
+        judge_url: The stub server judging the tiny model; ``None``: ``model`` judges itself
+            and every role gets its own reply budget (a real model's directions and replies
+            must never be cut), where the tiny model's noise gets 16 tokens.
+    """
+    budget = {} if judge_url is None else {"max_tokens": 16}
+    judge = ({"model": "stub-judge", "base_url": judge_url, "block_turns": 2} if judge_url else
+             {"model": model, "block_turns": 2})
+    return {
+        "roster": "emotional_support", "model": model, "out": ".",
+        "rollout": {"scenarios": "train-scenarios.jsonl", "episodes": 6, "max_rounds": 1, **budget},
+        "judge": judge, "candidates": 3, "min_margin": 0.5,
+        "reward-models": {"flags": ["--max_steps", "4"]},
+        "speakers": {"config": "speakers-cpu-smoke", "flags": ["--max_steps", "2"]},
+        "director": {"config": "director-cpu-smoke", "block_turns": 1, "flags": ["--max_steps", "1"]},
+        "eval": {"scenarios": "eval-scenarios.jsonl", "episodes": 3, **budget, "ablations": True,
+                 "baselines": ["zero_shot", "round_robin", "random"]},
+    }
 
 
 def _note_model(report: Path, model: str, *, tiny: bool) -> None:

@@ -44,3 +44,16 @@ def test_bad_recipes_are_one_line_errors(tmp_path: Path, change: dict, message: 
     with pytest.raises(PipelineError, match=message) as error:
         load_recipe(write(tmp_path, recipe))
     assert "\n" not in str(error.value)
+
+
+def test_demo_recipe_gives_a_real_model_each_roles_budget(tmp_path: Path) -> None:
+    from mascot.cli_pipeline import demo_recipe
+
+    for model, judge_url, expected in (("tiny", "http://127.0.0.1:9/v1", ["--max-tokens", "16"]), ("real", None, [])):
+        plan = dict(stages(load_recipe(write(tmp_path, demo_recipe(model, judge_url=judge_url))), tmp_path))
+        for stage in ("rollout", "candidates", "eval"):
+            flags = plan[stage]
+            found = flags[flags.index("--max-tokens"):flags.index("--max-tokens") + 2] if "--max-tokens" in flags else []
+            assert found == expected, (model, stage, flags)
+        judge = plan["judge-blocks"]
+        assert judge[judge.index("--model") + 1] == ("stub-judge" if judge_url else "real")  # a real model judges itself
