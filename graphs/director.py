@@ -17,7 +17,7 @@ from mascot.graphs.direction import StageDirection, direction_schema, interpret_
 from mascot.graphs.node import Node
 from mascot.graphs.prompts import director_messages
 from mascot.graphs.speaker import speaker_node
-from mascot.graphs.state import DirectorState, persona_speakers, round_speakers
+from mascot.graphs.state import DirectorState, allowed_speakers, persona_speakers, round_speakers
 from mascot.graphs.user import USER_NODE, UserKind, user_node
 from mascot.rosters import USER, Roster
 
@@ -79,7 +79,8 @@ def create_director_graph(
     def model_for(state: DirectorState) -> Runnable:
         if structured is None:
             return director
-        return structured(_speaker_choices(roster, state, min_speakers_per_round))
+        return structured(allowed_speakers(roster, state.get("messages", []), round_turns=state.get("round_turns", 0),
+                                           min_speakers_per_round=min_speakers_per_round))
 
     def prompt(state: DirectorState) -> list[BaseMessage]:
         return director_messages(
@@ -207,16 +208,6 @@ def assemble_graph(
     # a Node, not the bare function, so that the check runs without a callback run of its own
     graph.add_conditional_edges(START, Node("_entry", _entry), [DIRECTOR_NODE, USER_NODE])
     return graph
-
-
-def _speaker_choices(roster: Roster, state: DirectorState, min_speakers_per_round: int) -> tuple[str, ...]:
-    """The speakers a direction may name now: personas not heard this round, and the
-    person once enough personas spoke."""
-    heard = set(round_speakers(state.get("messages", [])))
-    choices = tuple(pid for pid in roster.persona_ids if pid not in heard)
-    if state.get("round_turns", 0) >= min_speakers_per_round:
-        choices += (USER,)
-    return choices
 
 
 def _structured_models(director: BaseChatModel) -> Callable[[tuple[str, ...]], Runnable]:

@@ -12,7 +12,7 @@ from collections.abc import Sequence
 from langchain_core.messages import AIMessage, BaseMessage, HumanMessage, SystemMessage
 
 from mascot.graphs.direction import StageDirection
-from mascot.graphs.state import round_speakers
+from mascot.graphs.state import allowed_speakers, round_speakers
 from mascot.rosters import USER, Persona, Roster, Scenario, UserProfile
 
 PERSON_LABEL = "Person"
@@ -56,16 +56,14 @@ def director_messages(
     (each persona speaks at most once per round), and the prompt shows no example
     direction: small models copy an example's speaker and wording.
     """
-    heard = round_speakers(list(messages))
+    heard = round_speakers(messages)
+    allowed = allowed_speakers(roster, messages, round_turns=round_turns,
+                               min_speakers_per_round=min_speakers_per_round)
     # ids, names and roles only: a weak model copies any description it is shown into the
     # action it writes
-    voices = "\n".join(f"- {p.id}: {p.name}, the {p.role}" for p in roster.personas if p.id not in heard)
+    voices = "\n".join(f"- {p.id}: {p.name}, the {p.role}" for p in roster.personas if p.id in allowed)
     spoke = ", ".join(roster.persona(pid).name for pid in heard if pid in roster.persona_ids)
-    hand_back = (
-        f', or "{USER}" to hand the turn back to the person'
-        if round_turns >= min_speakers_per_round
-        else ""
-    )
+    hand_back = f', or "{USER}" to hand the turn back to the person' if USER in allowed else ""
     system = (
         f"You are the Director of a conversation between a person and several voices "
         f"({roster.domain}). You never speak to the person yourself: each turn you choose "
@@ -82,9 +80,7 @@ def director_messages(
     )
     conversation = transcript(messages, roster) or "(no messages yet)"
     # the allowed speakers again at the very end: small models follow what they read last
-    choices = ", ".join(p.id for p in roster.personas if p.id not in heard)
-    if hand_back:
-        choices += f', or "{USER}"'
+    choices = ", ".join(pid if pid != USER else f'or "{USER}"' for pid in allowed)
     return [
         SystemMessage(system),
         HumanMessage(f"Conversation so far:\n\n{conversation}\n\nWhich voice speaks next, and what should it "

@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import operator
+from collections.abc import Sequence
 from typing import Annotated, Any, TypedDict
 
 from langchain_core.messages import AIMessage, AnyMessage
 from langgraph.graph.message import add_messages
 
 from mascot.graphs.direction import StageDirection
+from mascot.rosters import USER, Roster
 
 
 class Fallback(TypedDict):
@@ -60,7 +62,7 @@ def persona_speakers(state: DirectorState) -> list[str]:
     ]
 
 
-def round_speakers(messages: list[AnyMessage] | tuple[AnyMessage, ...]) -> list[str]:
+def round_speakers(messages: Sequence[AnyMessage]) -> list[str]:
     """Persona ids that spoke since the person's last message, in order."""
     heard: list[str] = []
     for message in messages:
@@ -69,6 +71,17 @@ def round_speakers(messages: list[AnyMessage] | tuple[AnyMessage, ...]) -> list[
         elif isinstance(message, AIMessage) and message.name:
             heard.append(message.name)
     return heard
+
+
+def allowed_speakers(
+    roster: Roster, messages: Sequence[AnyMessage], *, round_turns: int, min_speakers_per_round: int
+) -> tuple[str, ...]:
+    """Who a direction may name now: the personas not heard since the person's last
+    message (each speaks at most once per round), in roster order, then ``USER`` once
+    ``min_speakers_per_round`` personas spoke."""
+    heard = set(round_speakers(messages))
+    choices = tuple(pid for pid in roster.persona_ids if pid not in heard)
+    return choices + ((USER,) if round_turns >= min_speakers_per_round else ())
 
 
 def openai_messages(messages: list[AnyMessage]) -> list[dict[str, Any]]:

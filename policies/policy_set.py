@@ -13,8 +13,8 @@ from langchain_core.language_models import BaseChatModel
 from langchain_openai import ChatOpenAI
 from pydantic import SecretStr
 
-from mascot.policies.thinking import chat_template_kwargs
 from mascot.policies.spec import PolicyError, PolicySpec, load_policy_specs, role_max_tokens
+from mascot.policies.thinking import chat_template_kwargs
 from mascot.rosters import Roster
 
 if TYPE_CHECKING:
