@@ -11,7 +11,13 @@ from transformers import TrainerCallback
 from fakes import PromptChat, director_fake, speaker_fake
 from mascot.rosters import Roster
 from mascot.training.block_rollout import BlockRollout, decision_points
-from mascot.training.director_training import DirectorRewards, DirectorTrainingConfig, train_director
+from mascot.training.director_training import (
+    EMPTY_BLOCK_REWARD,
+    DirectorRewards,
+    DirectorTrainingConfig,
+    standardise_by_group,
+    train_director,
+)
 from mascot.training.metrics import LexicalEmbedder
 
 
@@ -92,8 +98,21 @@ def test_block_rewards(roster: Roster, episodes: list) -> None:
     assert len(scorer.calls) == 1  # blocks were played once and shared by every term
     contexts, blocks = scorer.calls[0]
     assert contexts[0] == points[0].chat() and blocks[0][0]["name"] == roster.persona_ids[1]
-    assert scores == [float(len(b)) for b in blocks]
+    logits = [float(len(b)) for b in blocks]
+    # standardised within the decision point: +1 for the longer block, -1 for the shorter, 0 when equal
+    assert scores == ([0.0, 0.0] if logits[0] == logits[1] else [1.0, -1.0] if logits[0] > logits[1] else [-1.0, 1.0])
+    assert rewards.logged["group_rm_logit/mean"] == sum(logits) / 2
     assert all(0.0 <= b <= 1.0 for b in balance) and all(-1.0 <= p <= 0.0 for p in penalty)
+
+
+def test_group_scores_are_standardised_per_decision_point() -> None:
+    scores = standardise_by_group({0: 10.0, 1: 30.0, 3: 7.0, 4: 7.0}, ["a", "a", "a", "b", "b", "b"], 6)
+    assert scores[:3] == [-1.0, 1.0, EMPTY_BLOCK_REWARD]  # the empty block is scored, not None
+    assert scores[3:] == [0.0, 0.0, EMPTY_BLOCK_REWARD]  # equal logits carry no preference
+    # the scale does not depend on the reward model's: 1000x larger logits, same scores
+    assert standardise_by_group({0: 1e4, 1: 3e4}, ["a", "a"], 2) == [-1.0, 1.0]
+    spread = standardise_by_group({i: float(i == 0) * 100 for i in range(30)}, ["a"] * 30, 30)
+    assert max(spread) == 2.0 and min(spread) < 0  # an outlier is clipped
 
 
 def test_director_grpo_steps(tiny_model: Path, roster: Roster, episodes: list, tmp_path: Path) -> None:

@@ -8,11 +8,22 @@ decision's reward is the score of the block that follows it, and GRPO's group-re
 advantage compares the G directions written for the same prefix: a direction is pushed up
 exactly when the conversation it leads to scores above the other directions' at that point.
 
-The reward terms, each logged by TRL as ``rewards/<name>/mean``, weighted by the recipe:
+The reward terms, each logged by TRL as ``rewards/<name>/mean`` and ``/std``, weighted by
+the recipe (``group_rm_weight``, ``redundancy_weight``, ``balance_weight``,
+``validity_weight``), each on a fixed, documented scale so a weight means the same thing
+for every reward model:
 
-- ``group_reward_model``: the group RM's score of the block after its prefix.
+- ``group_reward_model``: the group RM's logit of the block after its prefix, standardised
+  within the blocks played for the same decision point in the batch (mean 0, standard
+  deviation 1, clipped to [-2, 2]; all equal, or only one block, gives 0). A reward model's
+  logits have no fixed scale (a model trained longer has larger ones); standardised, only
+  the order and spacing of the G blocks of one prefix count, which is all GRPO's
+  group-relative advantage uses. A block with no turn (the conversation ended, or the
+  graph failed to play it) scores ``EMPTY_BLOCK_REWARD`` (-2, the bottom of the scale)
+  explicitly. The raw logits' mean is logged as ``group_rm_logit/mean``.
 - ``redundancy_penalty``: minus the mean, over the block's persona turns, of each turn's
-  highest similarity to an earlier persona turn of its round (0 when no persona spoke).
+  highest similarity to an earlier persona turn of its round, in [-1, 0] (0 when no
+  persona spoke).
 - ``speaker_balance``: normalised entropy of who spoke, prefix and block together, in [0, 1].
 - ``direction_validity``: 0 for a valid direction, ``-0.5`` for one the graph had to repair
   (a display name for the id, a missing tone), ``-1`` for one it replaced (no JSON, an
@@ -41,6 +52,8 @@ from mascot.training.speaker_training import SpeakerReport, train_speaker
 
 #: ``direction_validity`` of each outcome of interpreting a direction.
 VALIDITY_REWARD = {"valid": 0.0, "repaired": -0.5, "replaced": -1.0}
+#: ``group_reward_model`` of a block with no turn; standardised scores are clipped above it.
+EMPTY_BLOCK_REWARD = -2.0
 
 
 @dataclass
@@ -130,6 +143,8 @@ class DirectorRewards:
         self.embedder = embedder
         self._batch: tuple[tuple[str, str], ...] = ()
         self._blocks: list[Block] = []
+        #: What the last batch's terms measured beyond the terms themselves (raw RM logits).
+        self.logged: dict[str, float | None] = {}
 
     def terms(self, config: DirectorTrainingConfig) -> dict[str, tuple[RewardFunction, float]]:
         """Name -> (reward function, weight), for ``weighted_rewards``.
@@ -157,12 +172,15 @@ class DirectorRewards:
 
     def group_reward_model(self, prompts: Sequence[Any], completions: Sequence[Any], *,
                            context_id: Sequence[str], **kwargs: Any) -> list[float | None]:
-        """The group RM's score of each block (``None`` for a block with no turn)."""
+        """The group RM's logit of each block, standardised among the blocks of its decision
+        point in the batch; ``EMPTY_BLOCK_REWARD`` for a block with no turn."""
         blocks = self.blocks(completions, context_id)
-        scored = [b for b in blocks if b.turns]
-        values = iter(self.group_rm.score_blocks([b.point.chat() for b in scored], [b.turns for b in scored])
-                      if scored else [])
-        return [next(values) if b.turns else None for b in blocks]
+        scored = [i for i, b in enumerate(blocks) if b.turns]
+        logits = dict(zip(scored, self.group_rm.score_blocks(
+            [blocks[i].point.chat() for i in scored], [blocks[i].turns for i in scored]) if scored else [], strict=True))
+        self.logged["group_rm_logit/mean"] = sum(logits.values()) / len(logits) if logits else None
+        self.logged["empty_blocks"] = float(len(blocks) - len(logits))
+        return standardise_by_group(logits, list(context_id), len(blocks))
 
     def redundancy_penalty(self, prompts: Sequence[Any], completions: Sequence[Any], *,
                            context_id: Sequence[str], **kwargs: Any) -> list[float | None]:
@@ -193,6 +211,41 @@ class DirectorRewards:
         """0 valid, -0.5 repaired, -1 replaced (see ``VALIDITY_REWARD``)."""
         return [VALIDITY_REWARD[b.validity] for b in self.blocks(completions, context_id)]
 
+def standardise_by_group(values: Mapping[int, float], groups: Sequence[str], size: int) -> list[float | None]:
+    """``values[i]`` standardised among the indices of the same group (mean 0, std 1,
+    clipped to [-2, 2]); an index without a value gets ``EMPTY_BLOCK_REWARD``.
+
+    Args:
+        values: Index -> raw value (the scored blocks).
+        groups: Group key of every index (the decision point's ``context_id``).
+        size: Number of indices.
+    """
+    members: dict[str, list[int]] = {}
+    for i in values:
+        members.setdefault(groups[i], []).append(i)
+    out: list[float | None] = [EMPTY_BLOCK_REWARD] * size
+    for indices in members.values():
+        raw = [values[i] for i in indices]
+        mean = sum(raw) / len(raw)
+        std = (sum((v - mean) ** 2 for v in raw) / len(raw)) ** 0.5
+        for i, v in zip(indices, raw, strict=True):
+            out[i] = 0.0 if std < 1e-6 else max(-2.0, min(2.0, (v - mean) / std))
+    return out
+
+
+class _LogTerms(TrainerCallback):
+    """Adds what ``DirectorRewards.logged`` measured to each log entry of the trainer."""
+
+    def __init__(self, rewards: DirectorRewards) -> None:
+        self.rewards = rewards
+
+    def on_log(self, args: Any, state: Any, control: Any, logs: dict | None = None, **kwargs: Any) -> None:
+        if logs is None or not any(k.startswith("rewards/") for k in logs):
+            return
+        measured = {k: v for k, v in self.rewards.logged.items() if v is not None}
+        logs.update(measured)
+        if state.log_history:  # the trainer appended its copy before calling back
+            state.log_history[-1].update(measured)
 
 
 def train_director(
@@ -230,4 +283,5 @@ def train_director(
         config = DirectorTrainingConfig.from_dict(config or {})
     rewards = DirectorRewards(points, rollout, group_rm=group_rm)
     return train_speaker(director_prompts(points), base=base, persona="director", out=out,
-                         reward_funcs=rewards.terms(config), config=config, callbacks=callbacks, data=data)
+                         reward_funcs=rewards.terms(config), config=config,
+                         callbacks=[_LogTerms(rewards), *callbacks], data=data)
