@@ -91,7 +91,7 @@ def demo_recipe(model: str, *, judge_url: str | None) -> dict:
     return {
         "roster": "emotional_support", "model": model, "out": ".",
         "rollout": {"scenarios": "train-scenarios.jsonl", "episodes": 6, "max_rounds": 1, **budget},
-        "judge": judge, "candidates": 3, "min_margin": 0.5,
+        "judge": judge, "group-blocks": {"g": 3, "max_points": 12, **budget}, "candidates": 3, "min_margin": 0.5,
         "reward-models": {"flags": ["--max_steps", "4"]},
         "speakers": {"config": "speakers-cpu-smoke", "flags": ["--max_steps", "2"]},
         "director": {"config": "director-cpu-smoke", "block_turns": 1, "flags": ["--max_steps", "1"]},

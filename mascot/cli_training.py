@@ -71,12 +71,25 @@ def add_commands(commands: argparse._SubParsersAction) -> None:
     candidates.add_argument("--out", required=True, metavar="FILE", help="candidate JSONL (appended)")
     candidates.set_defaults(run=_candidates)
 
+    blocks = commands.add_parser(
+        "blocks", help="play G sibling blocks at each Director decision point, for the group reward model")
+    blocks.add_argument("--in", dest="source", required=True, metavar="EPISODES",
+                        help="episode JSONL (from rollout or import-logs)")
+    blocks.add_argument("--roster", required=True, metavar="ID_OR_PATH")
+    add_policy_flags(blocks)
+    blocks.add_argument("--g", type=positive, default=4, metavar="G", help="blocks per decision point (default 4)")
+    blocks.add_argument("--block-turns", type=positive, default=3, metavar="N",
+                        help="turns played after each decision (default 3)")
+    blocks.add_argument("--max-points", type=positive, metavar="N", help="use only the first N decision points")
+    blocks.add_argument("--max-speakers-per-round", type=positive, default=3, metavar="N")
+    blocks.add_argument("--concurrency", type=positive, default=8, metavar="C")
+    blocks.add_argument("--seed", type=int, help="seed for sampling")
+    blocks.add_argument("--out", required=True, metavar="FILE", help="sibling block JSONL (appended)")
+    blocks.set_defaults(run=_blocks)
+
     pairs = commands.add_parser("pairs", help="preference pairs from judged candidates")
     pairs.add_argument("--in", dest="source", required=True, metavar="JUDGED",
-                       help="judged candidates (mascot judge --in CANDIDATES), or block judgements "
-                            "(mascot judge --rubric group) with --episodes")
-    pairs.add_argument("--episodes", metavar="FILE",
-                       help="the judged episodes, for block judgements (group reward model)")
+                       help="judged candidates: replies (mascot candidates) or sibling blocks (mascot blocks)")
     pairs.add_argument("--min-margin", type=float, default=0.5, metavar="M",
                        help="least difference of the overall scores, in 1-5 judge units (default 0.5)")
     pairs.add_argument("--test-fraction", type=float, default=0.1, metavar="F")
@@ -126,6 +139,45 @@ def _candidates(args: argparse.Namespace) -> int:
     return 0
 
 
+def _blocks(args: argparse.Namespace) -> int:
+    from mascot.training.block_rollout import BlockRollout, decision_points
+    from mascot.training.sibling_blocks import SiblingBlockError, sample_sibling_blocks
+
+    roster = load_roster(args.roster)
+    if not Path(args.source).is_file():
+        raise UsageError(f"--in: no such file {args.source}")
+    episodes = read_episodes(args.source)
+    if not episodes:
+        raise UsageError(f"--in: no episodes in {args.source}")
+    if args.g < 2:
+        raise UsageError(f"--g must be at least 2 (blocks of one decision point compete), got {args.g}")
+    try:
+        points = decision_points(episodes, roster, max_speakers_per_round=args.max_speakers_per_round)
+    except ValueError as exc:
+        raise UsageError(f"--in: {exc}") from None
+    points = points[: args.max_points] if args.max_points else points
+    if not points:
+        raise UsageError(f"--in: no Director decision points in {args.source}")
+    policies = policies_from_args(args, roster)
+    mask_secrets_in_logs(policies)
+    rollout = BlockRollout(roster, speakers=policies.speakers(), director=policies.chat_model("director"),
+                           user=policies.chat_model("user"), block_turns=args.block_turns,
+                           max_speakers_per_round=args.max_speakers_per_round, concurrency=args.concurrency)
+    progress = Progress(TextColumn("blocks"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(), console=err)
+    try:
+        with progress:
+            task = progress.add_task("blocks", total=len(points) * args.g)
+            report = sample_sibling_blocks(
+                points, rollout, g=args.g, out=args.out, batch=args.concurrency,
+                on_progress=lambda r: progress.update(task, completed=r.skipped + r.written + r.empty))
+    except SiblingBlockError as exc:
+        raise UsageError(str(exc)) from None
+    finally:
+        rollout.close()
+    out.print(f"blocks: {report.written} new in {args.out} ({report.skipped} already there, {report.empty} empty) "
+              f"for {report.points} decision points x {args.g}, {args.block_turns} turns each", markup=False)
+    return 0
+
 
 def _judge(args: argparse.Namespace) -> int:
     from mascot.training.judge import Judge
@@ -140,15 +192,24 @@ def _judge(args: argparse.Namespace) -> int:
         raise UsageError(f"--in: no such file {args.source}")
     first = next(read_jsonl(source), (0, {}))[1]
     on_candidates = "context_id" in first
-    if on_candidates and rubric.target != "reply":
-        raise UsageError(f"candidates are replies; rubric '{rubric.id}' judges {rubric.target}s")
+    candidate_kind = "block" if "turns" in first else "reply"  # mascot blocks / mascot candidates
+    if on_candidates and rubric.target != candidate_kind:
+        raise UsageError(f"{args.source} holds candidate {candidate_kind}s; rubric '{rubric.id}' judges {rubric.target}s")
     out_file = check_writable(args.out)
     cache_file = check_writable(args.cache or out_file.with_name(f"{out_file.name.removesuffix('.jsonl')}.cache.jsonl"))
     if out_file.resolve() in (cache_file.resolve(), source.resolve()):
         raise UsageError("--out must differ from --in and --cache")
     policies = policies_from_args(args, roster)
     redact = mask_secrets_in_logs(policies)
-    if on_candidates:
+    if on_candidates and candidate_kind == "block":
+        from mascot.training.sibling_blocks import SiblingBlockError, read_block_candidates
+
+        try:
+            candidates = {(c.context_id, c.sample): c for c in read_block_candidates(source)}
+        except SiblingBlockError as exc:
+            raise UsageError(str(exc)) from None
+        targets = [c.target(roster) for c in candidates.values()]
+    elif on_candidates:
         candidates = {(c.context_id, c.sample): c for c in read_candidates(source)}
         targets = [reply_target(roster, episode_id=c.context_id, persona=c.persona, context=c.context,
                                 reply=c.reply, direction=c.stage_direction, turn=c.turn, sample=c.sample)
@@ -178,8 +239,8 @@ def _judge(args: argparse.Namespace) -> int:
             tally[judgement.status] += 1
             if on_candidates:
                 c = candidates[(judgement.episode_id, judgement.sample)]
-                sink.write({"context_id": c.context_id, "prompt": c.prompt, "persona": c.persona, "reply": c.reply,
-                            "overall": judgement.overall, "judgement": judgement.record()})
+                sink.write({"context_id": c.context_id, "prompt": c.prompt, "persona": getattr(c, "persona", "group"),
+                            "reply": c.reply, "overall": judgement.overall, "judgement": judgement.record()})
             else:
                 sink.write(judgement.record())
             progress.update(task, advance=1)
@@ -206,27 +267,20 @@ def _done_key(record: dict[str, Any], on_candidates: bool) -> tuple[Any, ...]:
 def _target_key(target: Any, kind: str) -> tuple[Any, ...]:
     if kind == "reply":
         return (target.episode_id, target.turn, target.sample, None)
-    return (target.episode_id, None, None, target.start)
+    return (target.episode_id, None, target.sample, target.start)
 
 
 def _pairs(args: argparse.Namespace) -> int:
-    from mascot.training.pairs import JudgedCandidate, block_candidates, build_pairs, write_pairs
+    from mascot.training.pairs import JudgedCandidate, build_pairs, write_pairs
 
     source = Path(args.source)
     if not source.is_file():
         raise UsageError(f"--in: no such file {args.source}")
     records = list(read_jsonl(source))
     if records and "block_start" in records[0][1]:
-        if not args.episodes:
-            raise UsageError("--in holds block judgements: give the judged episodes with --episodes FILE")
-        if not Path(args.episodes).is_file():
-            raise UsageError(f"--episodes: no such file {args.episodes}")
-        episodes = {e.id: e for e in read_episodes(args.episodes)}
-        records = [(n, r) for n, r in records if "block_start" in r]
-        judged = block_candidates([r for _, r in records], episodes)
-        records = []
-    else:
-        judged = []
+        raise UsageError(f"--in: {source} holds judgements of episode blocks, which share no prefix to compare; "
+                         "play sibling blocks with `mascot blocks` and judge those (--rubric group)")
+    judged: list[JudgedCandidate] = []
     for number, record in records:
         try:
             judged.append(JudgedCandidate.model_validate(record))

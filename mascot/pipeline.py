@@ -46,7 +46,15 @@ class JudgeStage(_Section):
     base_url: str | None = None
     api_key_env: str | None = None
     policies: str | None = None
-    block_turns: int = Field(default=4, ge=1)
+    block_turns: int = Field(default=3, ge=1)  # turns of each sibling block the group rubric judges
+
+
+class GroupStage(_Section):
+    """Sibling blocks for the group reward model (``mascot blocks``)."""
+
+    g: int = Field(default=4, ge=2)  # blocks per decision point
+    max_points: int | None = Field(default=None, ge=1)  # first N decision points only
+    max_tokens: int | str | None = None
 
 
 class TrainStage(_Section):
@@ -80,6 +88,7 @@ class PipelineRecipe(_Section):
     rollout: RolloutStage | None = None
     import_logs: ImportStage | None = Field(default=None, alias="import-logs")
     judge: JudgeStage
+    group_blocks: GroupStage = Field(default_factory=GroupStage, alias="group-blocks")
     candidates: int = Field(default=3, ge=2)
     min_margin: float = Field(default=0.5, ge=0)
     reward_models: TrainStage = Field(default_factory=TrainStage, alias="reward-models")
@@ -133,8 +142,12 @@ def stages(recipe: PipelineRecipe, base: Path) -> list[tuple[str, list[str]]]:
     else:
         plan.append(("import-logs", ["import-logs", "--from", recipe.import_logs.source, *roster, "--out", episodes]))
     plan += [
-        ("judge-blocks", ["judge", "--in", episodes, "--rubric", "group", "--block-turns",
-                          str(recipe.judge.block_turns), *roster, *judge, "--out", str(out / "blocks.jsonl")]),
+        ("blocks", ["blocks", "--in", episodes, *local, "--g", str(recipe.group_blocks.g), "--block-turns",
+                    str(recipe.judge.block_turns), *_budget_flag(recipe.group_blocks.max_tokens),
+                    *(["--max-points", str(recipe.group_blocks.max_points)] if recipe.group_blocks.max_points else []),
+                    "--seed", str(recipe.seed), "--out", str(out / "blocks.jsonl")]),
+        ("judge-blocks", ["judge", "--in", str(out / "blocks.jsonl"), "--rubric", "group", *roster, *judge,
+                          "--out", str(out / "judged-blocks.jsonl")]),
         ("candidates", ["candidates", "--in", episodes, *local, "--k", str(recipe.candidates),
                         *_budget_flag(recipe.rollout.max_tokens if recipe.rollout else None),
                         "--seed", str(recipe.seed), "--out", str(out / "candidates.jsonl")]),
@@ -142,8 +155,8 @@ def stages(recipe: PipelineRecipe, base: Path) -> list[tuple[str, list[str]]]:
                               *judge, "--out", str(out / "judged.jsonl")]),
         ("pairs", ["pairs", "--in", str(out / "judged.jsonl"), "--min-margin", str(recipe.min_margin),
                    "--seed", str(recipe.seed), "--out", str(out / "pairs")]),
-        ("group-pairs", ["pairs", "--in", str(out / "blocks.jsonl"), "--episodes", episodes, "--min-margin",
-                         str(recipe.min_margin), "--test-fraction", "0", "--out", str(out / "group-pairs")]),
+        ("group-pairs", ["pairs", "--in", str(out / "judged-blocks.jsonl"), "--min-margin",
+                         str(recipe.min_margin), "--seed", str(recipe.seed), "--out", str(out / "group-pairs")]),
         ("persona-rm", ["train-rm", "--pairs", str(out / "pairs"), "--base", model,
                         *_recipe(recipe.reward_models, base), "--out", str(out / "rm-persona")]),
         ("group-rm", ["train-rm", "--pairs", str(out / "group-pairs"), "--base", model,

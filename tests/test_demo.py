@@ -23,7 +23,7 @@ def test_demo_end_to_end(tmp_path: Path) -> None:
                             env={**os.environ, "HF_HUB_OFFLINE": "1"})
     assert result.returncode == 0, result.stderr[-3000:]
     assert f"demo: report {out / 'eval' / 'report.md'}" in result.stdout
-    for stage in ("rollout", "judge-blocks", "candidates", "pairs", "persona-rm", "speakers", "director", "eval"):
+    for stage in ("rollout", "blocks", "judge-blocks", "candidates", "pairs", "persona-rm", "speakers", "director", "eval"):
         assert f"[{stage}] done in" in result.stderr
     evaluation = out / "eval"
     assert {p.name for p in evaluation.iterdir()} >= {"report.md", "results.json", "results.csv", "persona.png",

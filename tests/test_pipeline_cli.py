@@ -14,10 +14,10 @@ from mascot.stub_server import start_stub_server
 MASCOT = str(Path(sys.executable).parent / "mascot")
 
 
-def mascot(*args: str) -> subprocess.CompletedProcess[str]:
+def mascot(*args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
     result = subprocess.run([MASCOT, *args], capture_output=True, text=True, timeout=300,
                             env={**os.environ, "HF_HUB_OFFLINE": "1"})
-    assert result.returncode == 0, f"mascot {args[0]}: {result.stderr[-2000:]}"
+    assert result.returncode == 0 or not check, f"mascot {args[0]}: {result.stderr[-2000:]}"
     return result
 
 
@@ -49,28 +49,54 @@ def test_rollout_judge_candidates_pairs_train_rm(tiny_model: Path, tmp_path: Pat
     assert "train-rm:" in rm.stdout and (tmp_path / "rm" / "reward_model.json").is_file()
 
 
-def test_group_reward_model_from_block_judgements(tiny_model: Path, tmp_path: Path, roster) -> None:
-    """Repeated rollouts of one scenario and person give blocks after the same opening."""
-    scenario, profile = tmp_path / "one.jsonl", tmp_path / "person.jsonl"
-    scenario.write_text(Path(roster_scenarios()).read_text().splitlines()[0] + "\n")
-    profile.write_text(json.dumps(roster.user_profiles[0].model_dump()) + "\n")
+def test_group_reward_model_from_sibling_blocks(tiny_model: Path, tmp_path: Path, roster) -> None:
+    """G blocks per decision point, judged, paired within their point, some points held out."""
     episodes = tmp_path / "episodes.jsonl"
     mascot("rollout", "--roster", "emotional_support", "--policies", str(tiny_model / "policies.yaml"),
-           "--max-tokens", "12", "--episodes", "6", "--max-rounds", "1", "--scenarios", str(scenario),
-           "--profiles", str(profile), "--out", str(episodes))
+           "--max-tokens", "12", "--episodes", "3", "--max-rounds", "1", "--out", str(episodes))
+    blocks_file = tmp_path / "siblings.jsonl"
+    played = mascot("blocks", "--in", str(episodes), "--roster", "emotional_support", "--policies",
+                    str(tiny_model / "policies.yaml"), "--max-tokens", "12", "--g", "3", "--block-turns", "2",
+                    "--max-points", "8", "--seed", "1", "--out", str(blocks_file))
+    siblings = [json.loads(line) for line in blocks_file.read_text().splitlines()]
+    by_point: dict[str, list[dict]] = {}
+    for block in siblings:
+        by_point.setdefault(block["context_id"], []).append(block)
+    assert "blocks:" in played.stdout and len(by_point) == 8
+    assert all(sorted(b["sample"] for b in group) == [0, 1, 2] for group in by_point.values())
+    assert all(len({json.dumps(b["prompt"]) for b in group}) == 1 for group in by_point.values())  # one prefix each
+    # mid-round points: the prefix keeps who said what
+    assert any(m.get("name") in roster.persona_ids for b in siblings for m in b["prompt"] if m["role"] == "assistant")
+    again = mascot("blocks", "--in", str(episodes), "--roster", "emotional_support", "--policies",
+                   str(tiny_model / "policies.yaml"), "--max-tokens", "12", "--g", "3", "--block-turns", "2",
+                   "--max-points", "8", "--seed", "1", "--out", str(blocks_file))
+    assert "0 new" in again.stdout and len(blocks_file.read_text().splitlines()) == len(siblings)  # resumable
     with start_stub_server() as server:
-        mascot("judge", "--in", str(episodes), "--rubric", "group", "--block-turns", "4", "--roster",
+        mascot("judge", "--in", str(blocks_file), "--rubric", "group", "--roster", "emotional_support",
+               "--base-url", server.url, "--model", "stub-judge", "--out", str(tmp_path / "judged-blocks.jsonl"))
+        refused = mascot("judge", "--in", str(blocks_file), "--rubric", "persona", "--roster", "emotional_support",
+                         "--base-url", server.url, "--model", "stub-judge", "--out", str(tmp_path / "x.jsonl"),
+                         check=False)
+        mascot("judge", "--in", str(episodes), "--rubric", "group", "--block-turns", "2", "--roster",
                "emotional_support", "--base-url", server.url, "--model", "stub-judge",
-               "--out", str(tmp_path / "blocks.jsonl"))
-    pairs = mascot("pairs", "--in", str(tmp_path / "blocks.jsonl"), "--episodes", str(episodes),
-                   "--test-fraction", "0", "--out", str(tmp_path / "group-pairs"))
+               "--out", str(tmp_path / "episode-blocks.jsonl"))
+    assert refused.returncode == 2 and "candidate blocks" in refused.stderr
+    judged = [json.loads(line) for line in (tmp_path / "judged-blocks.jsonl").read_text().splitlines()]
+    assert len(judged) == len(siblings) and len({(j["context_id"], j["judgement"]["sample"]) for j in judged}) == len(judged)
+    pairs = mascot("pairs", "--in", str(tmp_path / "judged-blocks.jsonl"), "--min-margin", "0.25",
+                   "--test-fraction", "0.4", "--out", str(tmp_path / "group-pairs"))
     train = [json.loads(line) for line in (tmp_path / "group-pairs" / "train.jsonl").read_text().splitlines()]
-    assert train and {p["persona"] for p in train} == {"group"}
-    assert len({p["context_id"] for p in train}) == 1  # every block follows the same opening
-    assert train[0]["prompt"][-1]["role"] == "user" and ": " in train[0]["chosen"][0]["content"]
+    test = [json.loads(line) for line in (tmp_path / "group-pairs" / "test.jsonl").read_text().splitlines()]
+    assert "pairs:" in pairs.stdout and train and test and {p["persona"] for p in train} == {"group"}
+    assert not {p["context_id"] for p in train} & {p["context_id"] for p in test}  # held out by decision point
+    assert all(p["context_id"] in by_point for p in train + test)
     rm = mascot("train-rm", "--pairs", str(tmp_path / "group-pairs"), "--base", str(tiny_model),
                 "--out", str(tmp_path / "rm-group"))
-    assert "train-rm:" in rm.stdout and "pairs:" in pairs.stdout
+    assert "held-out pairwise accuracy" in rm.stdout
+    # blocks cut from whole episodes share no prefix: refused with the way to make sibling blocks
+    refused = mascot("pairs", "--in", str(tmp_path / "episode-blocks.jsonl"), "--out", str(tmp_path / "p2"),
+                     check=False)
+    assert refused.returncode == 2 and "mascot blocks" in refused.stderr
 
 
 def roster_scenarios() -> str:

@@ -23,8 +23,11 @@ def write(tmp_path: Path, recipe: dict) -> Path:
 def test_app_logs_recipe_turns_into_mascot_commands(tmp_path: Path) -> None:
     recipe = load_recipe(write(tmp_path, RECIPE))
     plan = dict(stages(recipe, tmp_path))
-    assert list(plan) == ["import-logs", "judge-blocks", "candidates", "judge-candidates", "pairs", "group-pairs",
-                          "persona-rm", "group-rm", "speakers", "director", "eval"]
+    assert list(plan) == ["import-logs", "blocks", "judge-blocks", "candidates", "judge-candidates", "pairs",
+                          "group-pairs", "persona-rm", "group-rm", "speakers", "director", "eval"]
+    # the group RM learns from sibling blocks of each decision point, with points held out
+    assert plan["judge-blocks"][plan["judge-blocks"].index("--in") + 1] == plan["blocks"][-1]
+    assert "--test-fraction" not in plan["group-pairs"] and "--episodes" not in plan["group-pairs"]
     assert plan["import-logs"][:3] == ["import-logs", "--from", "sqlite:///app.db"]
     assert plan["judge-blocks"][plan["judge-blocks"].index("--policies") + 1] == str(tmp_path / "judge.yaml")
     assert "--judge-policies" in plan["eval"] and "--method" in plan["speakers"]

@@ -172,7 +172,14 @@ class BlockRollout:
         """Play ``directions[i]`` (a Director model's output) at ``points[i]``; one block each."""
         if len(points) != len(directions):
             raise ValueError(f"{len(points)} decision points but {len(directions)} directions")
-        return self._wait(self._run_all(points, directions))
+        return self._wait(self._run_all(points, directions, range(len(points))))
+
+    def run_samples(self, points: Sequence[DecisionPoint], samples: Sequence[int]) -> list[Block]:
+        """Let the continuation Director decide at ``points[i]`` too, with sampling seeded by
+        the point and ``samples[i]``; one block each (sibling blocks, see ``sibling_blocks``)."""
+        if len(points) != len(samples):
+            raise ValueError(f"{len(points)} decision points but {len(samples)} sample numbers")
+        return self._wait(self._run_all(points, [None] * len(points), samples))
 
     def close(self) -> None:
         """Stop the event loop thread."""
@@ -181,24 +188,21 @@ class BlockRollout:
     def _wait(self, coroutine: Coroutine[Any, Any, list[Block]]) -> list[Block]:
         return asyncio.run_coroutine_threadsafe(coroutine, self._loop).result()
 
-    async def _run_all(self, points: Sequence[DecisionPoint], directions: Sequence[str]) -> list[Block]:
+    async def _run_all(self, points: Sequence[DecisionPoint], directions: Sequence[str | None],
+                       samples: Sequence[int]) -> list[Block]:
         gate = asyncio.Semaphore(self._concurrency)
 
         async def one(index: int) -> Block:
             async with gate:
-                return await self._play(points[index], directions[index], sample=index)
+                return await self._play(points[index], directions[index], sample=samples[index])
 
         return list(await asyncio.gather(*(one(i) for i in range(len(points)))))
 
-    async def _play(self, point: DecisionPoint, output: str, *, sample: int) -> Block:
-        direction = interpret_direction(
-            output, self.roster, recent_speakers=[m.name for m in point.messages if isinstance(m, AIMessage)],
-            round_turns=point.round_turns, min_speakers_per_round=self._limits["min_speakers_per_round"])
-        validity = "valid" if not direction.fallback else (
-            "repaired" if direction.fallback.startswith("repaired") else "replaced")
+    async def _play(self, point: DecisionPoint, output: str | None, *, sample: int) -> Block:
+        director = self._director if output is None else _FirstThen(first=output, then=self._director)
         graph = create_director_graph(
-            self.roster, director=_FirstThen(first=output, then=self._director), speakers=self._speakers,
-            user=self._user, max_rounds=point.round + self.block_turns + 1, **self._limits,
+            self.roster, director=director, speakers=self._speakers,
+            user=self._user, max_rounds=point.round + self.block_turns + 1, structured_output=True, **self._limits,
         ).compile(checkpointer=InMemorySaver())
         config = {"configurable": {"thread_id": f"{point.context_id}-{sample}"},
                   "metadata": {"episode_id": point.context_id, "sample": sample},
@@ -211,14 +215,25 @@ class BlockRollout:
             await graph.aupdate_state(config, state, as_node=point.messages[-1].name)
             start = None
         turns: list[BaseMessage] = []
+        decided: list[dict[str, Any]] = []
         # aclosing: leaving the stream early must close the graph run here, not at GC
         async with aclosing(graph.astream(start, config, stream_mode="updates")) as updates:
             async for update in updates:
                 for node, values in update.items():
-                    if node != "director" and values and values.get("messages"):
+                    if node == "director" and values:
+                        decided.extend(values.get("directions") or [])
+                    elif values and values.get("messages"):
                         turns.extend(values["messages"])
                 if len(turns) >= self.block_turns:
                     break
+        if decided:  # the graph's own reading of the first decision (the one under test)
+            direction = StageDirection.model_validate(decided[0])
+        else:  # the graph ended before deciding (e.g. the round limit)
+            direction = interpret_direction(
+                output or "", self.roster, recent_speakers=[m.name for m in point.messages if isinstance(m, AIMessage)],
+                round_turns=point.round_turns, min_speakers_per_round=self._limits["min_speakers_per_round"])
+        validity = "valid" if not direction.fallback else (
+            "repaired" if direction.fallback.startswith("repaired") else "replaced")
         return Block(point=point, direction=direction, validity=validity, turns=_plain(turns[: self.block_turns]))
 
 

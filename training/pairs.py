@@ -271,51 +271,6 @@ def _split_value(context_id: str, seed: int) -> float:
     return int.from_bytes(digest[:8], "big") / 2**64
 
 
-def block_candidates(
-    judgements: Iterable[Mapping[str, Any]], episodes: Mapping[str, Episode]
-) -> list[JudgedCandidate]:
-    """Judged conversation blocks as candidates, for a group reward model.
-
-    A block's context is the conversation up to and including the person's first message
-    in the block; its reply is the turns after it, one ``speaker: text`` paragraph each.
-    Blocks of different episodes that follow the same context (the same opening, say, in
-    repeated rollouts or rollouts of different policies) compete like candidate replies.
-
-    Args:
-        judgements: Block judgement records (``episode_id``, ``block_start``,
-            ``block_end``, ``status``, ``overall``), e.g. from ``mascot judge --rubric group``.
-        episodes: The judged episodes by id.
-
-    Returns:
-        One candidate per usable block (persona ``"group"``).
-
-    Raises:
-        PairsError: if a judgement names an episode that is not given.
-    """
-    candidates = []
-    for judgement in judgements:
-        episode = episodes.get(judgement.get("episode_id", ""))
-        if episode is None:
-            raise PairsError(f"episode {judgement.get('episode_id')!r} of a block judgement is not in the episodes")
-        chat = episode.chat()
-        start, end = judgement["block_start"], judgement["block_end"]
-        block = chat[start:end]
-        person = next((i for i, turn in enumerate(block) if turn["role"] == "user"), None)
-        split = start if person is None else start + person + 1
-        prompt, turns = chat[:split], chat[split:end]
-        if not prompt or not turns:
-            continue  # nothing to answer, or no answer in the block
-        candidates.append(JudgedCandidate(
-            context_id=hashlib.sha256(json.dumps(prompt, sort_keys=True).encode()).hexdigest()[:16],
-            prompt=prompt,
-            persona="group",
-            reply="\n\n".join(f"{turn.get('name') or turn['role']}: {turn['content'].strip()}" for turn in turns),
-            overall=judgement.get("overall") if judgement.get("status") == "ok" else None,
-            judgement=dict(judgement),
-        ))
-    return candidates
-
-
 def write_pairs(pair_set: PairSet, out_dir: str | Path) -> tuple[Path, Path]:
     """Write the splits as ``train.jsonl`` and ``test.jsonl``, each replaced atomically.
 

@@ -232,7 +232,10 @@ def _normalized(value: Any, where: str) -> list[dict[str, str]] | str:
     for message in value:
         if not (isinstance(message, Mapping) and "role" in message and isinstance(message.get("content"), str)):
             raise RewardModelError(f"{where}: every message needs a 'role' and a text 'content'")
-        messages.append({"role": str(message["role"]), "content": message["content"]})
+        content = message["content"]
+        if message.get("role") == "assistant" and message.get("name"):  # who said what, for a group RM
+            content = f"{message['name']}: {content}"
+        messages.append({"role": str(message["role"]), "content": content})
     return messages
 
 

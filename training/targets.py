@@ -71,6 +71,8 @@ class BlockTarget(BaseModel):
         episode_id: The episode.
         start: Index in ``episode.messages`` of the block's first turn.
         end: Index after its last turn (exclusive).
+        sample: Which of the sibling blocks played at one decision point (``None`` for a
+            block cut from an episode).
         personas: The roster's personas.
         context: The conversation before the block.
         block: The turns judged.
@@ -82,6 +84,7 @@ class BlockTarget(BaseModel):
     episode_id: str
     start: int = Field(ge=0)
     end: int = Field(ge=1)
+    sample: int | None = None
     personas: list[Persona]
     context: list[Turn]
     block: list[Turn] = Field(min_length=1)
@@ -97,7 +100,7 @@ class BlockTarget(BaseModel):
 
     def identity(self) -> dict[str, Any]:
         """The fields of a Judgement that say which block it is about."""
-        return {"episode_id": self.episode_id, "block_start": self.start, "block_end": self.end}
+        return {"episode_id": self.episode_id, "block_start": self.start, "block_end": self.end, "sample": self.sample}
 
 
 Target = ReplyTarget | BlockTarget
