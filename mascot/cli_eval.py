@@ -45,6 +45,9 @@ def add_commands(commands: argparse._SubParsersAction) -> None:
                           help="reply budgets of the evaluated systems: N for every role, or per role "
                                "(director, speakers, user); default: each role's own")
     evaluate.add_argument("--block-turns", type=positive, default=4, metavar="N")
+    evaluate.add_argument("--rubrics", default="persona,group,direction", metavar="A,B",
+                          help="rubrics the judge applies (default persona,group,direction; direction is the "
+                               "stage-direction compliance metric)")
     evaluate.add_argument("--concurrency", type=positive, default=4, metavar="C")
     evaluate.add_argument("--seed", type=int, default=0)
     evaluate.add_argument("--out", required=True, metavar="DIR")
@@ -84,10 +87,14 @@ def _eval(args: argparse.Namespace) -> int:
     plan = EvalPlan(scenarios=scenarios, profiles=profiles, episodes=args.episodes, seed=args.seed,
                     max_rounds=args.max_rounds, max_speakers=args.max_speakers, concurrency=args.concurrency,
                     block_turns=args.block_turns)
+    rubrics = [r for r in args.rubrics.split(",") if r]
+    unknown = sorted(set(rubrics) - {"persona", "group", "direction"})
+    if unknown or not rubrics:
+        raise UsageError(f"--rubrics: unknown {', '.join(unknown) or '(none given)'}; valid: persona, group, direction")
     with JudgementCache(folder / "judgements.cache.jsonl") as cache:
         judges = {rubric: Judge(load_rubric(rubric), judge_policies.chat_model("judge"), model_name=judge_name,
                                 structured_output=True, cache=cache)
-                  for rubric in ("persona", "group", "direction")}
+                  for rubric in rubrics}
         try:
             scores = evaluate(roster, trained, systems=systems, plan=plan, judges=judges, out=folder,
                               retry=model_retry_policy(3), on_stage=lambda line: err.print(line, markup=False))

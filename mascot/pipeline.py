@@ -77,6 +77,7 @@ class EvalStage(_Section):
     ablations: bool = False
     max_rounds: int = Field(default=1, ge=1)
     max_tokens: int | str | None = None
+    rubrics: list[str] = Field(default_factory=lambda: ["persona", "group", "direction"])
 
 
 class PipelineRecipe(_Section):
@@ -179,7 +180,7 @@ def stages(recipe: PipelineRecipe, base: Path) -> list[tuple[str, list[str]]]:
                           "--baselines", ",".join(e.baselines), *(["--ablations"] if e.ablations else []),
                           *_file_flag("--scenarios", e.scenarios, base),
                           "--episodes", str(e.episodes), "--max-rounds", str(e.max_rounds),
-                          *_budget_flag(e.max_tokens), "--seed", str(recipe.seed), *_judge_flags(recipe.judge, base, "judge-"),
+                          *_budget_flag(e.max_tokens), "--rubrics", ",".join(e.rubrics), "--seed", str(recipe.seed), *_judge_flags(recipe.judge, base, "judge-"),
                           "--out", str(out / "eval")]))
     return plan
 

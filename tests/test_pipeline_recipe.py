@@ -31,6 +31,7 @@ def test_app_logs_recipe_turns_into_mascot_commands(tmp_path: Path) -> None:
     assert plan["import-logs"][:3] == ["import-logs", "--from", "sqlite:///app.db"]
     assert plan["judge-blocks"][plan["judge-blocks"].index("--policies") + 1] == str(tmp_path / "judge.yaml")
     assert "--judge-policies" in plan["eval"] and "--method" in plan["speakers"]
+    assert plan["eval"][plan["eval"].index("--rubrics") + 1] == "persona,group,direction"
     assert plan["speakers"][plan["speakers"].index("--config") + 1] == "speakers-dpo-cpu-smoke"  # shipped name
     assert plan["persona-rm"][plan["persona-rm"].index("--base") + 1] == "Qwen/Qwen3-0.6B"
 

@@ -1,0 +1,384 @@
+"""Does training help? The trained Director and speakers vs the untrained ones, on held-out scenarios.
+
+Runs the whole method on the offline Qwen2.5-Coder-0.5B-Instruct (``mascot offline-model``)
+on this machine's CPU, as one ``mascot pipeline`` run of the recipe beside this script
+(``bench/learning/recipe.yaml``, with ``rm.yaml``, ``speakers.yaml``, ``director.yaml``):
+
+1. the roster's scenarios are split into train and held-out by id (``bench/learning/split.json``,
+   fixed once); rollouts, sibling blocks, candidates, judging, pairs, reward models and GRPO
+   see the train scenarios only;
+2. the offline model judges (itself; a weak 0.5B judge), after its accuracy on the fixed
+   sanity sets decides how much the automatic metric judges weigh in the labels;
+3. ``eval`` plays the held-out scenarios with ``trained`` (both adapters), ``untrained``
+   (the base model as Director and speakers, same prompts and constraints) and
+   ``round_robin``, paired by episode id, and judges them with both rubrics.
+
+Then it writes ``docs/learning/report.md`` (tables with paired bootstrap 95 % intervals of
+trained - untrained, the targets met or missed, plots), ``docs/learning/results.json`` and
+the raw held-out episodes ``docs/learning/episodes/{untrained,trained,round_robin}.jsonl``.
+
+    python bench/learning.py [--quick] [--model DIR] [--work DIR] [--docs DIR]
+
+``--quick`` runs every stage at the smallest size (a smoke test of a few minutes, written
+to ``WORK/../learning-quick-docs`` unless ``--docs`` is given). A rerun resumes: stages
+whose command did not change are skipped.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from mascot.offline_model import build_offline_model
+from mascot.pipeline import run_pipeline
+from mascot.rosters import load_roster, load_scenarios
+from mascot.training.bootstrap import bootstrap_difference
+from mascot.training.episode import Episode, read_episodes
+from mascot.training.evaluation import system_scores
+from mascot.training.jsonl import read_jsonl
+from mascot.training.rubric import load_rubric
+
+HERE = Path(__file__).resolve().parent / "learning"
+ROOT = HERE.parent.parent
+#: Evaluated systems: name in the report -> name in ``mascot eval``.
+SYSTEMS = {"untrained": "untrained_director", "trained": "trained", "round_robin": "round_robin"}
+#: Metrics compared, and whether lower is better.
+METRICS = {"redundancy": True, "distinct_2": False, "mean_reply_tokens": False, "speaker_balance": False,
+           "persona_identifiability": False, "fallback_rate": True, "consecutive_same_persona": True}
+#: --quick: every stage, smallest sizes.
+QUICK = {"rollout": {"episodes": 2}, "group-blocks": {"g": 2, "max_points": 2}, "candidates": 2,
+         "eval": {"episodes": 2}, "steps": 1}
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="every stage at the smallest size (smoke test)")
+    parser.add_argument("--model", metavar="DIR", help="the offline model folder (default: built by mascot "
+                                                       "offline-model into the cache)")
+    parser.add_argument("--work", metavar="DIR", help="run folder (default ./learning-run or ./learning-quick)")
+    parser.add_argument("--docs", metavar="DIR", help="report folder (default docs/learning; --quick: WORK/docs)")
+    args = parser.parse_args()
+    work = Path(args.work or ("learning-quick" if args.quick else "learning-run")).resolve()
+    docs = Path(args.docs).resolve() if args.docs else (work / "docs" if args.quick else ROOT / "docs" / "learning")
+    work.mkdir(parents=True, exist_ok=True)
+    started = time.monotonic()
+    # the folder the README's test command builds; built here (minutes, once) when missing
+    model = Path(args.model).expanduser() if args.model else build_offline_model(
+        Path("~/.cache/mascot/qwen2.5-coder-0.5b-instruct").expanduser())
+    recipe = write_run(work, model, quick=args.quick)
+    timings: dict[str, float] = {}
+    clock = {"stage": "", "t": time.monotonic()}
+
+    def on_stage(name: str, state: str) -> None:
+        print(f"[{time.monotonic() - started:6.0f} s] {name}: {state}", file=sys.stderr, flush=True)
+        if state == "running":
+            clock.update(stage=name, t=time.monotonic())
+        elif state.startswith("done"):
+            timings[name] = round(time.monotonic() - clock["t"], 1)
+
+    run_pipeline(recipe, on_stage=on_stage)
+    results = analyse(work, model, timings=timings, quick=args.quick)
+    results["minutes_total"] = round((time.monotonic() - started) / 60, 1)
+    write_docs(work, docs, results)
+    print(f"learning: report {docs / 'report.md'} ({results['minutes_total']} min)")
+    return 0
+
+
+def write_run(work: Path, model: Path, *, quick: bool) -> Path:
+    """The run folder's scenario files (the fixed split) and recipes; returns the recipe."""
+    recipe = yaml.safe_load((HERE / "recipe.yaml").read_text(encoding="utf-8"))
+    split = json.loads((HERE / "split.json").read_text(encoding="utf-8"))["rosters"][recipe["roster"]]
+    scenarios = {s.id: s for s in load_scenarios(recipe["roster"])}
+    for name, ids in (("train-scenarios.jsonl", split["train"]), ("heldout-scenarios.jsonl", split["heldout"])):
+        missing = [i for i in ids if i not in scenarios]
+        if missing:
+            raise SystemExit(f"split.json names scenarios the roster lacks: {', '.join(missing)}")
+        (work / name).write_text("".join(json.dumps(scenarios[i].model_dump()) + "\n" for i in ids), encoding="utf-8")
+    if set(split["train"]) & set(split["heldout"]):
+        raise SystemExit("split.json: a scenario is both train and held out")
+    recipe["model"] = recipe["judge"]["model"] = str(model)
+    for name in ("rm.yaml", "speakers.yaml", "director.yaml"):
+        config = yaml.safe_load((HERE / name).read_text(encoding="utf-8"))
+        if quick:
+            config.pop("num_train_epochs", None)
+            config["max_steps"] = QUICK["steps"]
+            config["save_steps"] = 1
+        (work / name).write_text(yaml.safe_dump(config, sort_keys=False), encoding="utf-8")
+    if quick:
+        recipe["rollout"].update(QUICK["rollout"])
+        recipe["group-blocks"].update(QUICK["group-blocks"])
+        recipe["candidates"] = QUICK["candidates"]
+        recipe["eval"].update(QUICK["eval"])
+    path = work / "recipe.yaml"
+    path.write_text(yaml.safe_dump(recipe, sort_keys=False), encoding="utf-8")
+    return path
+
+
+def analyse(work: Path, model: Path, *, timings: dict[str, float], quick: bool) -> dict[str, Any]:
+    """Every number of the report, from the run folder's files."""
+    from transformers import AutoTokenizer
+
+    recipe = yaml.safe_load((work / "recipe.yaml").read_text(encoding="utf-8"))
+    roster = load_roster(recipe["roster"])
+    split = json.loads((HERE / "split.json").read_text(encoding="utf-8"))["rosters"][recipe["roster"]]
+    tokenizer = AutoTokenizer.from_pretrained(model)
+    rubrics = {r: load_rubric(r) for r in recipe["eval"]["rubrics"]}
+    per_episode: dict[str, dict[str, dict[str, float]]] = {}
+    by_position: dict[str, dict[str, float]] = {}
+    speakers: dict[str, dict[str, int]] = {}
+    episodes: dict[str, list[Episode]] = {}
+    for name, eval_name in SYSTEMS.items():
+        episodes[name] = read_episodes(work / "eval" / "episodes" / f"{eval_name}.jsonl")
+        held = {e.scenario.id for e in episodes[name] if e.scenario}
+        if held - set(split["heldout"]):
+            raise SystemExit(f"{name}: episodes of scenarios that are not held out: {sorted(held - set(split['heldout']))}")
+        judgements = [r for _, r in read_jsonl(work / "eval" / "judgements" / f"{eval_name}.jsonl")]
+        scores = system_scores(name, "trained" if name == "trained" else "baseline", episodes[name], judgements,
+                               roster=roster, rubrics=rubrics)
+        values = {m: dict(v) for m, v in scores.tables["metrics"].items()}
+        for rubric in rubrics:
+            values[f"{rubric}_overall"] = dict(scores.tables.get(rubric, {}).get("overall", {}))
+        for episode in episodes[name]:
+            for metric, value in direction_metrics(episode, roster, tokenizer).items():
+                values.setdefault(metric, {})[episode.id] = value
+        per_episode[name] = values
+        by_position[name] = {str(k): v for k, v in sorted(scores.redundancy_by_position.items())}
+        counts = {pid: 0 for pid in roster.persona_ids}
+        for episode in episodes[name]:
+            for message in episode.messages:
+                if message.role == "assistant" and message.name in counts:
+                    counts[message.name] += 1
+        speakers[name] = counts
+    comparisons = {}
+    for metric in [*METRICS, *(f"{r}_overall" for r in rubrics)]:
+        trained, untrained = per_episode["trained"].get(metric, {}), per_episode["untrained"].get(metric, {})
+        if not trained or not untrained:
+            continue
+        difference = bootstrap_difference(trained, untrained, seed=0)
+        comparisons[metric] = {
+            "trained": _mean(trained), "untrained": _mean(untrained),
+            "round_robin": _mean(per_episode["round_robin"].get(metric, {})) if per_episode["round_robin"].get(metric) else None,
+            "diff_ci95": [difference.low, difference.high], "diff": difference.estimate, "n_pairs": difference.n,
+            "lower_is_better": METRICS.get(metric, False),
+        }
+    return {
+        "quick": quick, "model": str(model), "roster": roster.id, "judge": f"{model} (the same model judges itself)",
+        "train_scenarios": split["train"], "heldout_scenarios": split["heldout"],
+        "episodes_per_system": {name: len(e) for name, e in episodes.items()},
+        "comparisons": comparisons, "targets": targets(comparisons),
+        "redundancy_by_position": by_position, "speakers": speakers,
+        "sanity": _sanity(work), "reward_models": _reward_models(work), "training": _training(work),
+        "stage_seconds": timings,
+        "per_episode": per_episode,
+    }
+
+
+def direction_metrics(episode: Episode, roster: Any, tokenizer: Any) -> dict[str, float]:
+    """Per episode: replaced (fallback) directions among the Director's, consecutive persona
+    turns by the same persona, and mean reply tokens (the model's tokenizer)."""
+    decided = [m.stage_direction for m in episode.messages if m.role == "assistant" and m.stage_direction]
+    replaced = [d for d in decided if d.get("fallback") and not str(d["fallback"]).startswith("repaired")]
+    turns = [m for m in episode.messages if m.role in ("user", "assistant")]
+    adjacent = [(a, b) for a, b in zip(turns, turns[1:]) if a.role == b.role == "assistant"]
+    replies = [m.content for m in episode.messages if m.role == "assistant" and m.name in roster.persona_ids]
+    return {
+        "fallback_rate": len(replaced) / len(decided) if decided else 0.0,
+        "consecutive_same_persona": sum(a.name == b.name for a, b in adjacent) / len(adjacent) if adjacent else 0.0,
+        "mean_reply_tokens": (sum(len(tokenizer(t)["input_ids"]) for t in replies) / len(replies)) if replies else 0.0,
+    }
+
+
+def targets(c: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """The issue's targets, each with the measured figure and whether it was met."""
+    def get(metric: str, key: str) -> float | None:
+        return c.get(metric, {}).get(key)
+
+    out: dict[str, dict[str, Any]] = {}
+    if "fallback_rate" in c:
+        out["director_fallbacks_at_most_5pct"] = {"measured": get("fallback_rate", "trained"),
+                                                  "met": get("fallback_rate", "trained") <= 0.05}
+    if "consecutive_same_persona" in c:
+        t, u = get("consecutive_same_persona", "trained"), get("consecutive_same_persona", "untrained")
+        out["consecutive_same_persona_half_or_5pct"] = {"measured": t, "untrained": u, "met": t <= max(u / 2, 0.05)}
+    if "speaker_balance" in c:
+        out["speaker_balance_up"] = {"measured": get("speaker_balance", "diff"), "met": get("speaker_balance", "diff") > 0}
+    if "redundancy" in c:
+        t, u, ci = get("redundancy", "trained"), get("redundancy", "untrained"), get("redundancy", "diff_ci95")
+        out["redundancy_20pct_lower_ci_below_0"] = {"measured_relative": (t - u) / u if u else None, "ci95": ci,
+                                                    "met": bool(u) and (t - u) / u <= -0.2 and ci[1] < 0}
+    if "distinct_2" in c:
+        t, u = get("distinct_2", "trained"), get("distinct_2", "untrained")
+        out["distinct_2_at_least_90pct"] = {"measured_ratio": t / u if u else None, "met": t >= 0.9 * u}
+    if "mean_reply_tokens" in c:
+        t, u = get("mean_reply_tokens", "trained"), get("mean_reply_tokens", "untrained")
+        out["reply_tokens_at_least_half"] = {"measured_ratio": t / u if u else None, "met": t >= 0.5 * u}
+    if "persona_identifiability" in c:
+        t, u = get("persona_identifiability", "trained"), get("persona_identifiability", "untrained")
+        out["identifiability_not_lower"] = {"measured": t, "untrained": u, "met": t >= u}
+    return out
+
+
+def _mean(values: dict[str, float]) -> float:
+    return sum(values.values()) / len(values)
+
+
+def _sanity(work: Path) -> dict[str, Any]:
+    found = {}
+    for rubric in ("persona", "group"):
+        path = work / f"sanity-{rubric}.json"
+        if path.is_file():
+            report = json.loads(path.read_text(encoding="utf-8"))
+            found[rubric] = {k: report.get(k) for k in ("accuracy", "threshold", "passed", "by_kind", "seconds")}
+    return found
+
+
+def _reward_models(work: Path) -> dict[str, Any]:
+    found = {}
+    for name in ("rm-persona", "rm-group"):
+        path = work / name / "reward_model.json"
+        if path.is_file():
+            info = json.loads(path.read_text(encoding="utf-8"))
+            found[name] = {k: info.get(k) for k in ("train_pairs", "test_pairs", "accuracy_before", "accuracy_after",
+                                                    "steps", "train_loss", "seconds") if k in info}
+    for name, folder in (("persona", "pairs"), ("group", "group-pairs")):
+        for split in ("train", "test"):
+            path = work / folder / f"{split}.jsonl"
+            if path.is_file():
+                found.setdefault(f"{name}_pairs", {})[split] = sum(1 for _ in path.open(encoding="utf-8"))
+    return found
+
+
+def _training(work: Path) -> dict[str, Any]:
+    """Each GRPO run's reward per logged step, and every term's, from its trainer state."""
+    found: dict[str, Any] = {}
+    for card in sorted((work / "adapters").glob("*/adapter_card.json")):
+        info = json.loads(card.read_text(encoding="utf-8"))
+        entry: dict[str, Any] = {"reward": info.get("rewards", []), "terms": info.get("reward_terms"),
+                                 "weights": info.get("reward_weights"), "steps": info.get("steps"),
+                                 "seconds": info.get("seconds")}
+        states = sorted((work / "adapters" / "checkpoints" / card.parent.name).glob("checkpoint-*/trainer_state.json"),
+                        key=lambda p: int(p.parent.name.split("-")[-1]))
+        if states:
+            history = json.loads(states[-1].read_text(encoding="utf-8"))["log_history"]
+            entry["log"] = [{k: v for k, v in h.items() if k.startswith(("rewards/", "reward", "group_rm", "step"))}
+                            for h in history if "reward" in h]
+        found[card.parent.name] = entry
+    return found
+
+
+def write_docs(work: Path, docs: Path, results: dict[str, Any]) -> None:
+    """report.md, results.json, the plots and the raw held-out episodes."""
+    docs.mkdir(parents=True, exist_ok=True)
+    (docs / "episodes").mkdir(exist_ok=True)
+    for name, eval_name in SYSTEMS.items():
+        shutil.copyfile(work / "eval" / "episodes" / f"{eval_name}.jsonl", docs / "episodes" / f"{name}.jsonl")
+    plots = _plots(results, docs)
+    (docs / "results.json").write_text(json.dumps(results, indent=1) + "\n", encoding="utf-8")
+    (docs / "report.md").write_text(_report(results, plots), encoding="utf-8")
+
+
+def _plots(results: dict[str, Any], docs: Path) -> list[str]:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    names = []
+    fig, ax = plt.subplots(figsize=(5.5, 3.5))
+    for offset, (system, values) in zip((-0.06, 0.0, 0.06), results["redundancy_by_position"].items()):
+        xs = [int(k) + offset for k in values]
+        ax.plot(xs, list(values.values()), marker="o", label=system)
+    ax.set_xticks(sorted({int(k) for v in results["redundancy_by_position"].values() for k in v}))
+    ax.set(xlabel="voice in the round", ylabel="redundancy (max cosine to earlier voices)",
+           title="Redundancy by position, held-out")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(docs / "redundancy_by_position.png", dpi=120)
+    names.append("redundancy_by_position.png")
+    plt.close(fig)
+
+    fig, ax = plt.subplots(figsize=(6, 3.5))
+    systems = list(results["speakers"])
+    personas = list(next(iter(results["speakers"].values())))
+    width = 0.8 / len(systems)
+    for i, system in enumerate(systems):
+        counts = results["speakers"][system]
+        total = sum(counts.values()) or 1
+        ax.bar([p + i * width for p in range(len(personas))], [counts[p] / total for p in personas], width, label=system)
+    ax.set_xticks([p + width * (len(systems) - 1) / 2 for p in range(len(personas))], personas)
+    ax.set(ylabel="share of persona turns", title="Who speaks, held-out")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(docs / "speakers.png", dpi=120)
+    names.append("speakers.png")
+    plt.close(fig)
+
+    runs = {k: v for k, v in results["training"].items() if v.get("log")}
+    if runs:
+        fig, axes = plt.subplots(1, len(runs), figsize=(5 * len(runs), 3.5), squeeze=False)
+        for ax, (run, entry) in zip(axes[0], runs.items()):
+            steps = [h.get("step", i + 1) for i, h in enumerate(entry["log"])]
+            for key in sorted({k for h in entry["log"] for k in h if k.endswith("/mean") or k == "reward"}):
+                ax.plot(steps, [h.get(key) for h in entry["log"]], marker=".", label=key.replace("rewards/", ""))
+            ax.set(xlabel="GRPO step", ylabel="reward (weighted sum and terms)", title=f"{run} GRPO")
+            ax.xaxis.get_major_locator().set_params(integer=True)
+            ax.legend(fontsize=7)
+        fig.tight_layout()
+        fig.savefig(docs / "reward_curves.png", dpi=120)
+        names.append("reward_curves.png")
+        plt.close(fig)
+    return names
+
+
+def _report(results: dict[str, Any], plots: list[str]) -> str:
+    c = results["comparisons"]
+
+    def f(value: Any) -> str:
+        return "-" if value is None else f"{value:.3f}" if isinstance(value, float) else str(value)
+
+    lines = ["# Learning evidence: trained vs untrained on held-out scenarios", ""]
+    if results["quick"]:
+        lines += ["> **Quick run** (`--quick`): every stage at the smallest size. A smoke test; the numbers mean "
+                  "nothing.", ""]
+    lines += [
+        f"Model: `{Path(results['model']).name}` (the offline Qwen2.5-Coder-0.5B-Instruct) as Director, speakers, "
+        "user simulator, judge and reward-model base, on a CPU. Roster "
+        f"`{results['roster']}`; {len(results['train_scenarios'])} train scenarios, "
+        f"{len(results['heldout_scenarios'])} held-out ({', '.join(results['heldout_scenarios'])}; "
+        "`bench/learning/split.json`). Episodes per system: "
+        + ", ".join(f"{k} {v}" for k, v in results["episodes_per_system"].items())
+        + ", paired by episode id (same scenario, person and seed).", "",
+        "| metric | untrained | trained | round_robin | trained - untrained, 95 % CI |",
+        "|---|---|---|---|---|",
+    ]
+    for metric, row in c.items():
+        arrow = " (lower is better)" if row["lower_is_better"] else ""
+        lines.append(f"| {metric}{arrow} | {f(row['untrained'])} | {f(row['trained'])} | {f(row['round_robin'])} | "
+                     f"{f(row['diff'])} [{f(row['diff_ci95'][0])}, {f(row['diff_ci95'][1])}] |")
+    lines += ["", "## Targets", "", "| target | measured | met |", "|---|---|---|"]
+    for name, target in results["targets"].items():
+        measured = ", ".join(f"{k} {f(v)}" for k, v in target.items() if k != "met")
+        lines.append(f"| {name} | {measured} | {'yes' if target['met'] else '**no**'} |")
+    lines += ["", "## The judge and the reward models", ""]
+    for rubric, report in results["sanity"].items():
+        lines.append(f"- Sanity set, {rubric} rubric: accuracy {f(report['accuracy'])} (threshold "
+                     f"{f(report['threshold'])}; {'labels from the judge alone' if report['passed'] else 'labels combine the judge with the metric judges'}).")
+    for name, info in results["reward_models"].items():
+        lines.append(f"- {name}: {json.dumps(info)}")
+    lines += ["", "## Plots", ""] + [f"![{p}]({p})" for p in plots]
+    lines += ["", "## Time per stage (seconds)", "", "| stage | seconds |", "|---|---|"]
+    lines += [f"| {k} | {v:.0f} |" for k, v in results["stage_seconds"].items()]
+    lines += ["", f"Whole run: {results.get('minutes_total', '-')} min. Raw held-out episodes: `episodes/`; "
+              "every number: `results.json` (per-episode values under `per_episode`).", ""]
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
