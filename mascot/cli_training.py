@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
+import json
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +24,7 @@ from mascot.cli_options import (
     positive,
     recipe_from_args,
 )
+from mascot.policies import Policies
 from mascot.rosters import load_roster
 from mascot.training.candidates import (
     CandidateReport,
@@ -36,10 +39,16 @@ from mascot.training.jsonl import JsonlAppender, check_writable, exclusive, read
 def add_commands(commands: argparse._SubParsersAction) -> None:
     """Add ``judge``, ``candidates``, ``pairs`` and ``train-rm`` to the command line."""
     judge = commands.add_parser("judge", help="score episodes or candidates with a rubric LLM judge")
-    judge.add_argument("--in", dest="source", required=True, metavar="FILE",
-                       help="episode JSONL (rollout, import-logs) or candidate JSONL (candidates)")
+    judge.add_argument("--in", dest="source", metavar="FILE",
+                       help="episode JSONL (rollout, import-logs) or candidate JSONL (candidates); "
+                            "required unless --sanity")
     judge.add_argument("--rubric", required=True, metavar="persona|group|FILE")
     judge.add_argument("--roster", required=True, metavar="ID_OR_PATH")
+    judge.add_argument("--sanity", action="store_true",
+                       help="judge the roster's sanity set instead of --in: fixed better/worse pairs, "
+                            "reported as the judge's pairwise accuracy (--out: the report, JSON)")
+    judge.add_argument("--sanity-set", metavar="FILE",
+                       help="with --sanity: a sanity set file in the shipped format (for a roster without one)")
     add_policy_flags(judge)
     judge.add_argument("--judge-model", dest="model", metavar="HF_ID_OR_PATH", help="same as --model")
     judge.add_argument("--block-turns", type=positive, default=4, metavar="N",
@@ -51,9 +60,11 @@ def add_commands(commands: argparse._SubParsersAction) -> None:
                             "with exponential backoff (default 4)")
     judge.add_argument("--concurrency", type=positive, default=8, metavar="C")
     judge.add_argument("--seed", type=int, help="seed for sampling")
-    judge.add_argument("--cache", metavar="FILE", help="judgement cache (default: OUT's name + .cache.jsonl)")
-    judge.add_argument("--out", required=True, metavar="FILE",
-                       help="judgements (episodes) or judged candidates (candidates), JSONL, appended")
+    judge.add_argument("--cache", metavar="FILE", help="judgement cache (default: OUT's name + .cache.jsonl; "
+                                                        "none with --sanity)")
+    judge.add_argument("--out", metavar="FILE",
+                       help="judgements (episodes) or judged candidates (candidates), JSONL, appended; "
+                            "with --sanity the report (JSON, optional)")
     judge.set_defaults(run=_judge)
 
     candidates = commands.add_parser(
@@ -92,6 +103,12 @@ def add_commands(commands: argparse._SubParsersAction) -> None:
                        help="judged candidates: replies (mascot candidates) or sibling blocks (mascot blocks)")
     pairs.add_argument("--min-margin", type=float, default=0.5, metavar="M",
                        help="least difference of the overall scores, in 1-5 judge units (default 0.5)")
+    pairs.add_argument("--metric-weight", type=_unit_interval, metavar="W",
+                       help="label = (1-W) x judge + W x metric judge overall (default 0: judge only)")
+    pairs.add_argument("--sanity", metavar="REPORT.json",
+                       help="the judge's sanity report (mascot judge --sanity --out): without --metric-weight, "
+                            "W = 0.5 when its accuracy is under 70%%, else 0")
+    pairs.add_argument("--roster", metavar="ID_OR_PATH", help="the candidates' roster (needed when W > 0)")
     pairs.add_argument("--test-fraction", type=float, default=0.1, metavar="F")
     pairs.add_argument("--seed", type=int, default=0)
     pairs.add_argument("--out", required=True, metavar="DIR", help="folder for train.jsonl and test.jsonl")
@@ -185,6 +202,12 @@ def _judge(args: argparse.Namespace) -> int:
     from mascot.training.rubric import load_rubric
     from mascot.training.targets import block_targets, reply_target, reply_targets
 
+    if args.sanity:
+        return _judge_sanity(args)
+    if args.sanity_set:
+        raise UsageError("--sanity-set needs --sanity")
+    if not args.source or not args.out:
+        raise UsageError("--in and --out are required (or --sanity to check the judge on its sanity set)")
     roster = load_roster(args.roster)
     rubric = load_rubric(args.rubric)
     source = Path(args.source)
@@ -223,8 +246,7 @@ def _judge(args: argparse.Namespace) -> int:
             raise UsageError(f"--in: {exc}") from None
     if not targets:
         raise UsageError(f"--in: nothing to judge in {args.source}")
-    spec, record = policies.spec("judge"), policies.record("judge")
-    model_name = record["model"] + (f"+{record['adapter']}" if record["adapter"] else "")
+    model_name = _judge_model_name(policies)
     with exclusive(out_file), JudgementCache(cache_file) as cache, JsonlAppender(out_file, redact=redact) as sink:
         done = {_done_key(r, on_candidates) for _, r in read_jsonl(out_file) if _is_ok(r, on_candidates)}
         judge = Judge(rubric, policies.chat_model("judge"), model_name=model_name,
@@ -254,6 +276,53 @@ def _judge(args: argparse.Namespace) -> int:
     return 1 if tally["failed"] else 0
 
 
+def _judge_model_name(policies: Policies) -> str:
+    record = policies.record("judge")
+    return record["model"] + (f"+{record['adapter']}" if record["adapter"] else "")
+
+
+def _judge_sanity(args: argparse.Namespace) -> int:
+    """``judge --sanity``: the judge on the roster's sanity set, reported as pairwise accuracy."""
+    from mascot.training.judge import Judge
+    from mascot.training.judge_sanity import SanityError, load_sanity_set, metric_sanity, run_sanity
+    from mascot.training.judgement import JudgementCache
+    from mascot.training.rubric import load_rubric
+
+    if args.source:
+        raise UsageError("--sanity judges the roster's sanity set; leave out --in")
+    roster = load_roster(args.roster)
+    rubric = load_rubric(args.rubric)
+    try:
+        sanity_set = load_sanity_set(roster, rubric.target, path=args.sanity_set)
+    except SanityError as exc:
+        raise UsageError(f"--sanity: {exc}") from None
+    report_file = check_writable(args.out) if args.out else None
+    cache_file = check_writable(args.cache) if args.cache else None
+    policies = policies_from_args(args, roster)
+    redact = mask_secrets_in_logs(policies)
+    model_name = _judge_model_name(policies)
+    progress = Progress(TextColumn("judging the sanity set"), BarColumn(), MofNCompleteColumn(),
+                        TimeElapsedColumn(), console=err)
+    with JudgementCache(cache_file) if cache_file else contextlib.nullcontext() as cache, progress:
+        judge = Judge(rubric, policies.chat_model("judge"), model_name=model_name, structured_output=True,
+                      max_attempts=args.attempts, fault_tries=args.retries + 1, cache=cache)
+        task = progress.add_task("judging", total=len(sanity_set.targets()))
+        report = run_sanity(judge, sanity_set, concurrency=args.concurrency,
+                            on_judgement=lambda judgement: progress.update(task, advance=1))
+    report = report.model_copy(update={"metric_judge": metric_sanity(sanity_set, roster)})
+    if report_file:
+        report_file.write_text(redact(json.dumps(report.model_dump(mode="json"), indent=2)) + "\n", encoding="utf-8")
+    metric = report.metric_judge
+    verdict = "passed" if report.passed else f"under {report.threshold:.0%}: label with `mascot pairs --sanity REPORT`"
+    out.print(f"judge sanity: {rubric.id} rubric, {report.summary()}; judge {model_name}, "
+              f"{report.judgements} judgements ({report.failed_judgements} failed) in {report.seconds:.1f} s "
+              f"({report.seconds / report.judgements:.1f} s each); "
+              f"{verdict}", markup=False)
+    out.print(f"metric judge ({metric.judge}): {metric.summary()}"
+              + (f"; report {report_file}" if report_file else ""), markup=False)
+    return 0
+
+
 def _is_ok(record: dict[str, Any], on_candidates: bool) -> bool:
     judgement = record.get("judgement", {}) if on_candidates else record
     return isinstance(judgement, dict) and judgement.get("status") == "ok"
@@ -268,6 +337,17 @@ def _target_key(target: Any, kind: str) -> tuple[Any, ...]:
     if kind == "reply":
         return (target.episode_id, target.turn, target.sample, None)
     return (target.episode_id, None, target.sample, target.start)
+
+
+def _unit_interval(text: str) -> float:
+    """An argparse type: a number in [0, 1]."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number: '{text}'") from None
+    if not 0.0 <= value <= 1.0:
+        raise argparse.ArgumentTypeError(f"must be in [0, 1], got {text}")
+    return value
 
 
 def _pairs(args: argparse.Namespace) -> int:
@@ -287,13 +367,47 @@ def _pairs(args: argparse.Namespace) -> int:
         except ValueError as exc:
             raise UsageError(f"{source}:{number}: not a judged candidate ({str(exc).splitlines()[0]}); "
                              "judge a candidate file with `mascot judge --in CANDIDATES`") from None
+    weight, why = _label_weight(args, judged)
+    if weight > 0:
+        from mascot.training.metric_judge import with_metric_overall
+
+        if not args.roster:
+            raise UsageError(f"--roster is needed to mix in the metric judge (metric weight {weight:g}, {why})")
+        try:
+            judged = with_metric_overall(judged, load_roster(args.roster), weight)
+        except ValueError as exc:
+            raise UsageError(f"--in: {exc}") from None
     pair_set = build_pairs(judged, min_margin=args.min_margin, test_fraction=args.test_fraction, seed=args.seed)
     train, test = write_pairs(pair_set, args.out)
     r = pair_set.report
+    labels = f"{1 - weight:g} x judge + {weight:g} x metric judge" if weight > 0 else "judge only"
     out.print(f"pairs: {r.train_pairs} train ({train}), {r.test_pairs} test ({test}) from {r.contexts} contexts; "
               f"dropped {r.dropped_by_margin} under the margin {r.min_margin}, {r.dropped_identical} identical, "
-              f"{r.failed_judgements} failed judgements", markup=False)
+              f"{r.failed_judgements} failed judgements; labels: {labels} ({why})", markup=False)
     return 0
+
+
+def _label_weight(args: argparse.Namespace, judged: list[Any]) -> tuple[float, str]:
+    """The metric judge's weight in the labels, and why: ``--metric-weight``, else the rule
+    of ``--sanity`` (0.5 under 70 % sanity accuracy, else 0), else 0."""
+    from mascot.training.judge_sanity import SANITY_THRESHOLD, SanityError, read_sanity_report, sanity_metric_weight
+
+    if args.metric_weight is not None:
+        return args.metric_weight, "--metric-weight"
+    if not args.sanity:
+        return 0.0, "no --metric-weight or --sanity"
+    try:
+        report = read_sanity_report(args.sanity)
+    except SanityError as exc:
+        raise UsageError(f"--sanity: {exc}") from None
+    judges = {(c.judgement.get("rubric"), c.judgement.get("judge_model")) for c in judged if c.overall is not None}
+    other = sorted(str(pair) for pair in judges - {(report.rubric, report.judge)})
+    if other:
+        raise UsageError(f"--sanity: the report is of judge {report.judge} with rubric {report.rubric}; the "
+                         f"candidates were judged by {', '.join(other)} (pass --metric-weight to choose yourself)")
+    relation = "under" if report.accuracy < SANITY_THRESHOLD else "at least"
+    return sanity_metric_weight(report), (f"judge sanity accuracy {report.accuracy:.0%} {relation} "
+                                          f"{SANITY_THRESHOLD:.0%} in {args.sanity}")
 
 
 def _train_rm(args: argparse.Namespace) -> int:
