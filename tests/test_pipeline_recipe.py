@@ -23,8 +23,12 @@ def write(tmp_path: Path, recipe: dict) -> Path:
 def test_app_logs_recipe_turns_into_mascot_commands(tmp_path: Path) -> None:
     recipe = load_recipe(write(tmp_path, RECIPE))
     plan = dict(stages(recipe, tmp_path))
-    assert list(plan) == ["import-logs", "blocks", "judge-blocks", "candidates", "judge-candidates", "pairs",
-                          "group-pairs", "persona-rm", "group-rm", "speakers", "director", "eval"]
+    assert list(plan) == ["import-logs", "blocks", "judge-blocks", "judge-sanity-persona", "judge-sanity-group",
+                          "candidates", "judge-candidates", "pairs", "group-pairs", "persona-rm", "group-rm",
+                          "speakers", "director", "eval"]
+    # the labels follow the judge's sanity accuracy
+    assert plan["pairs"][plan["pairs"].index("--sanity") + 1] == plan["judge-sanity-persona"][-1]
+    assert plan["group-pairs"][plan["group-pairs"].index("--sanity") + 1] == plan["judge-sanity-group"][-1]
     # the group RM learns from sibling blocks of each decision point, with points held out
     assert plan["judge-blocks"][plan["judge-blocks"].index("--in") + 1] == plan["blocks"][-1]
     assert "--test-fraction" not in plan["group-pairs"] and "--episodes" not in plan["group-pairs"]
