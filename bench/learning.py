@@ -244,9 +244,7 @@ def _reward_models(work: Path) -> dict[str, Any]:
     for name in ("rm-persona", "rm-group"):
         path = work / name / "reward_model.json"
         if path.is_file():
-            info = json.loads(path.read_text(encoding="utf-8"))
-            found[name] = {k: info.get(k) for k in ("train_pairs", "test_pairs", "accuracy_before", "accuracy_after",
-                                                    "steps", "train_loss", "seconds") if k in info}
+            found[name] = json.loads(path.read_text(encoding="utf-8")).get("report", {})
     for name, folder in (("persona", "pairs"), ("group", "group-pairs")):
         for split in ("train", "test"):
             path = work / folder / f"{split}.jsonl"

@@ -78,6 +78,7 @@ class EvalStage(_Section):
     max_rounds: int = Field(default=1, ge=1)
     max_tokens: int | str | None = None
     rubrics: list[str] = Field(default_factory=lambda: ["persona", "group", "direction"])
+    concurrency: int = Field(default=4, ge=1)  # episodes (and judgements) at once
 
 
 class PipelineRecipe(_Section):
@@ -187,7 +188,8 @@ def stages(recipe: PipelineRecipe, base: Path) -> list[tuple[str, list[str]]]:
                           "--baselines", ",".join(e.baselines), *(["--ablations"] if e.ablations else []),
                           *_file_flag("--scenarios", e.scenarios, base),
                           "--episodes", str(e.episodes), "--max-rounds", str(e.max_rounds),
-                          *_budget_flag(e.max_tokens), "--rubrics", ",".join(e.rubrics), "--seed", str(recipe.seed), *_judge_flags(recipe.judge, base, "judge-"),
+                          *_budget_flag(e.max_tokens), "--rubrics", ",".join(e.rubrics), "--concurrency", str(e.concurrency),
+                          "--seed", str(recipe.seed), *_judge_flags(recipe.judge, base, "judge-"),
                           "--out", str(out / "eval")]))
     return plan
 
