@@ -139,7 +139,8 @@ def analyse(work: Path, model: Path, *, timings: dict[str, float], quick: bool) 
         held = {e.scenario.id for e in episodes[name] if e.scenario}
         if held - set(split["heldout"]):
             raise SystemExit(f"{name}: episodes of scenarios that are not held out: {sorted(held - set(split['heldout']))}")
-        judgements = [r for _, r in read_jsonl(work / "eval" / "judgements" / f"{eval_name}.jsonl")]
+        judged = work / "eval" / "judgements" / f"{eval_name}.jsonl"  # none for a metrics-only system
+        judgements = [r for _, r in read_jsonl(judged)] if judged.is_file() else []
         scores = system_scores(name, "trained" if name == "trained" else "baseline", episodes[name], judgements,
                                roster=roster, rubrics=rubrics)
         values = {m: dict(v) for m, v in scores.tables["metrics"].items()}

@@ -45,6 +45,8 @@ def add_commands(commands: argparse._SubParsersAction) -> None:
                           help="reply budgets of the evaluated systems: N for every role, or per role "
                                "(director, speakers, user); default: each role's own")
     evaluate.add_argument("--block-turns", type=positive, default=4, metavar="N")
+    evaluate.add_argument("--metrics-only", default="", metavar="A,B",
+                          help="systems measured by the automatic metrics only, not judged (saves judge calls)")
     evaluate.add_argument("--rubrics", default="persona,group,direction", metavar="A,B",
                           help="rubrics the judge applies (default persona,group,direction; direction is the "
                                "stage-direction compliance metric)")
@@ -97,6 +99,7 @@ def _eval(args: argparse.Namespace) -> int:
                   for rubric in rubrics}
         try:
             scores = evaluate(roster, trained, systems=systems, plan=plan, judges=judges, out=folder,
+                              unjudged=[name for name in args.metrics_only.split(",") if name],
                               retry=model_retry_policy(3), on_stage=lambda line: err.print(line, markup=False))
         except ValueError as exc:
             raise UsageError(str(exc)) from None
@@ -116,7 +119,8 @@ def _eval(args: argparse.Namespace) -> int:
     page.write_text(episodes_html(
         {name: read_episodes(folder / "episodes" / f"{name}.jsonl") for name in systems}, roster,
         title=f"Evaluation conversations ({roster.id})",
-        judgements={name: [r for _, r in read_jsonl(folder / "judgements" / f"{name}.jsonl")] for name in systems}),
+        judgements={name: [r for _, r in read_jsonl(folder / "judgements" / f"{name}.jsonl")]
+                    for name in systems if (folder / "judgements" / f"{name}.jsonl").is_file()}),
         encoding="utf-8")
     header += " Read the conversations: [conversations.html](conversations.html)."
     files = write_report(summary, folder, header=header)

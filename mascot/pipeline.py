@@ -79,6 +79,7 @@ class EvalStage(_Section):
     max_tokens: int | str | None = None
     rubrics: list[str] = Field(default_factory=lambda: ["persona", "group", "direction"])
     concurrency: int = Field(default=4, ge=1)  # episodes (and judgements) at once
+    metrics_only: list[str] = Field(default_factory=list)  # systems measured but not judged
 
 
 class PipelineRecipe(_Section):
@@ -189,6 +190,7 @@ def stages(recipe: PipelineRecipe, base: Path) -> list[tuple[str, list[str]]]:
                           *_file_flag("--scenarios", e.scenarios, base),
                           "--episodes", str(e.episodes), "--max-rounds", str(e.max_rounds),
                           *_budget_flag(e.max_tokens), "--rubrics", ",".join(e.rubrics), "--concurrency", str(e.concurrency),
+                          *(["--metrics-only", ",".join(e.metrics_only)] if e.metrics_only else []),
                           "--seed", str(recipe.seed), *_judge_flags(recipe.judge, base, "judge-"),
                           "--out", str(out / "eval")]))
     return plan

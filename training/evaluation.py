@@ -209,6 +209,7 @@ def evaluate(
     out: str | Path,
     retry: RetryPolicy | None = None,
     on_stage: Callable[[str], None] = lambda stage: None,
+    unjudged: Sequence[str] = (),
 ) -> list[SystemScores]:
     """Run, judge and measure every system; one event loop for the whole evaluation.
 
@@ -222,6 +223,7 @@ def evaluate(
         out: The evaluation folder.
         retry: Retry policy of the graphs' model calls.
         on_stage: Called with a line at each stage (progress).
+        unjudged: Systems measured by the automatic metrics only (no judge calls).
 
     Returns:
         The scores of every system, in ``systems`` order.
@@ -235,6 +237,9 @@ def evaluate(
         for name, (kind, graph, records) in graphs.items():
             on_stage(f"{name}: rolling out {plan.episodes} episodes")
             episodes = await run_system(name, graph, records, roster=roster, plan=plan, out=out)
+            if name in unjudged:
+                results.append((name, kind, episodes, []))
+                continue
             on_stage(f"{name}: judging {len(episodes)} episodes")
             judgements = await judge_system(name, episodes, roster=roster, judges=judges, plan=plan, out=out)
             results.append((name, kind, episodes, judgements))
