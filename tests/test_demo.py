@@ -17,13 +17,14 @@ MASCOT = str(Path(sys.executable).parent / "mascot")
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(1200)  # every stage in its own process, the judge's sanity sets included
 def test_demo_end_to_end(tmp_path: Path) -> None:
     out = tmp_path / "demo"
     result = subprocess.run([MASCOT, "demo", "--out", str(out)], capture_output=True, text=True, timeout=1200,
                             env={**os.environ, "HF_HUB_OFFLINE": "1"})
     assert result.returncode == 0, result.stderr[-3000:]
     assert f"demo: report {out / 'eval' / 'report.md'}" in result.stdout
-    for stage in ("rollout", "blocks", "judge-blocks", "candidates", "pairs", "persona-rm", "speakers", "director", "eval"):
+    for stage in ("rollout", "blocks", "judge-blocks", "judge-sanity-persona", "judge-sanity-group", "candidates", "pairs", "persona-rm", "speakers", "director", "eval"):
         assert f"[{stage}] done in" in result.stderr
     evaluation = out / "eval"
     assert {p.name for p in evaluation.iterdir()} >= {"report.md", "results.json", "results.csv", "persona.png",
