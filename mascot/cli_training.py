@@ -121,13 +121,19 @@ def add_commands(commands: argparse._SubParsersAction) -> None:
     train_rm.set_defaults(run=_train_rm)
 
 
+def _input_episodes(source: str) -> list[Any]:
+    """The episodes of ``--in``, or a one-line usage error (missing file, no episodes)."""
+    if not Path(source).is_file():
+        raise UsageError(f"--in: no such file {source}")
+    episodes = read_episodes(source)
+    if not episodes:
+        raise UsageError(f"--in: no episodes in {source}")
+    return episodes
+
+
 def _candidates(args: argparse.Namespace) -> int:
     roster = load_roster(args.roster)
-    if not Path(args.source).is_file():
-        raise UsageError(f"--in: no such file {args.source}")
-    episodes = read_episodes(args.source)
-    if not episodes:
-        raise UsageError(f"--in: no episodes in {args.source}")
+    episodes = _input_episodes(args.source)
     try:
         contexts = candidate_contexts(episodes, roster)
     except ValueError as exc:
@@ -161,11 +167,7 @@ def _blocks(args: argparse.Namespace) -> int:
     from mascot.training.sibling_blocks import SiblingBlockError, sample_sibling_blocks
 
     roster = load_roster(args.roster)
-    if not Path(args.source).is_file():
-        raise UsageError(f"--in: no such file {args.source}")
-    episodes = read_episodes(args.source)
-    if not episodes:
-        raise UsageError(f"--in: no episodes in {args.source}")
+    episodes = _input_episodes(args.source)
     if args.g < 2:
         raise UsageError(f"--g must be at least 2 (blocks of one decision point compete), got {args.g}")
     try:

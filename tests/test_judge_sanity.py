@@ -78,7 +78,7 @@ def test_block_sides_read_as_sibling_blocks(roster: Roster) -> None:
     pair = next(p for p in load_sanity_set(roster, "block").pairs if p.kind == "one_voice")
     assert isinstance(pair.worse, BlockTarget) and {t.speaker for t in pair.worse.block} == {"anchor"}
     assert pair.better_candidate.persona == "group"
-    # the paragraphs of reward_model.render_block: persona id, colon, text
+    # the paragraphs of targets.render_block: persona id, colon, text
     assert re.fullmatch(r"anchor: .+\n\ncatalyst: .+\n\naction_guide: .+", pair.better_candidate.reply, re.DOTALL)
 
 

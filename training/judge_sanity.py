@@ -40,7 +40,7 @@ from mascot.training.judgement import Judgement
 from mascot.training.metric_judge import GROUP, SANITY_FALLBACK_WEIGHT, metric_overalls
 from mascot.training.metrics import Embedder, default_embedder
 from mascot.training.pairs import JudgedCandidate
-from mascot.training.targets import BlockTarget, Target, conversation_turns, reply_target
+from mascot.training.targets import BlockTarget, Target, conversation_turns, render_block, reply_target
 
 #: Least share of sanity pairs a judge must get right to be trusted alone.
 SANITY_THRESHOLD = 0.7
@@ -307,8 +307,7 @@ def _block_pairs(item: _BlockItem, roster: Roster, path: Path) -> list[SanityPai
         target = BlockTarget(episode_id=episode, start=len(context), end=len(context) + len(block), sample=sample,
                              personas=list(roster.personas), context=conversation_turns(context, roster),
                              block=conversation_turns(block, roster))
-        # the text of reward_model.render_block, which is not imported here (it loads torch)
-        reply = "\n\n".join(f"{m.get('name') or m['role']}: {m['content'].strip()}" for m in block)
+        reply = render_block(block)
         return target, JudgedCandidate(context_id=episode, prompt=context, persona=GROUP, reply=reply)
 
     better = side(item.better, 0)

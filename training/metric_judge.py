@@ -25,7 +25,7 @@ the user message is the person's latest) scores 0 when it is empty or says a cue
 - relevance: ``max(0, cosine to the person's latest message)``.
 
 A **group block** (persona ``group``; the reply is ``id: text`` paragraphs, as
-``reward_model.render_block`` writes them) scores 0 without a persona turn, else::
+``targets.render_block`` writes them) scores 0 without a persona turn, else::
 
     100 * (0.2 voices + 0.2 novelty + 0.2 persona_fit + 0.2 no_cues + 0.2 substance)
 

@@ -38,6 +38,7 @@ from mascot.policies.local import resolve_model
 from mascot.policies.thinking import chat_template_kwargs
 from mascot.training.adapter_folder import replace_folder
 from mascot.training.recipe import LoraRecipe
+from mascot.training.targets import render_block
 
 logger = logging.getLogger(__name__)
 
@@ -397,11 +398,6 @@ class RewardModel:
         encoded = self.tokenizer.apply_chat_template(messages, tokenize=True, return_dict=True,
                                                      **chat_template_kwargs())
         return list(encoded["input_ids"])
-
-
-def render_block(turns: Conversation) -> str:
-    """A block of turns as one text, ``speaker: text`` per turn (the group RM's reply format)."""
-    return "\n\n".join(f"{turn.get('name') or turn['role']}: {turn['content'].strip()}" for turn in turns)
 
 
 def _pad(sequences: Sequence[Sequence[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:

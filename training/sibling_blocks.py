@@ -15,15 +15,16 @@ import logging
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from mascot.rosters import Roster
-from mascot.training.block_rollout import BlockRollout, DecisionPoint
 from mascot.training.jsonl import JsonlAppender, JsonlError, check_writable, exclusive, read_jsonl
-from mascot.training.reward_model import render_block
-from mascot.training.targets import BlockTarget, conversation_turns
+from mascot.training.targets import BlockTarget, conversation_turns, render_block
+
+if TYPE_CHECKING:  # reading and judging blocks needs no model (the rollout loads torch)
+    from mascot.training.block_rollout import BlockRollout, DecisionPoint
 
 logger = logging.getLogger(__name__)
 

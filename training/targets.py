@@ -213,3 +213,9 @@ def block_targets(episode: Episode, roster: Roster, *, block_turns: int = 4) -> 
 def _check_roster(episode: Episode, roster: Roster) -> None:
     if episode.roster != roster.id:
         raise ValueError(f"episode {episode.id} is of roster '{episode.roster}', not '{roster.id}'")
+
+
+def render_block(turns: Sequence[Mapping[str, Any]]) -> str:
+    """A block of turns (OpenAI messages with ``name``) as one text, ``speaker: text`` per
+    turn: the group reward model's reply format."""
+    return "\n\n".join(f"{turn.get('name') or turn['role']}: {turn['content'].strip()}" for turn in turns)
