@@ -61,3 +61,46 @@ def test_report_tables_are_recomputed_from_the_results(tmp_path: Path) -> None:
     rows = list(csv.DictReader((tmp_path / "results.csv").open()))
     assert {(r["system"], r["table"], r["column"]) for r in rows} >= {("random", "group", "overall")}
     assert (tmp_path / "persona.png").read_bytes()[:4] == b"\x89PNG"
+
+
+@pytest.fixture
+def saved_figures(monkeypatch: pytest.MonkeyPatch) -> dict:
+    """Every figure ``write_report`` saves, by file name (kept after the report closes it)."""
+    from matplotlib.figure import Figure
+
+    figures = {}
+    savefig = Figure.savefig
+
+    def recording(self: Figure, fname: object, *args: object, **kwargs: object) -> None:
+        figures[Path(str(fname)).name] = self
+        savefig(self, fname, *args, **kwargs)
+
+    monkeypatch.setattr(Figure, "savefig", recording)
+    return figures
+
+
+def test_plots_have_integer_positions_and_keep_equal_series_apart(tmp_path: Path, saved_figures: dict) -> None:
+    same = {2: 0.4, 3: 0.55, 4: 0.6}
+    scores = [*systems()[:2], SystemScores("no_alignment", "ablation", systems()[0].tables, dict(same)),
+              SystemScores("all_speak", "baseline", systems()[1].tables, dict(same))]
+    write_report(summarize(scores), tmp_path)
+    assert set(saved_figures) == {"persona.png", "group.png", "redundancy.png"}
+    axes = saved_figures["redundancy.png"].axes[0]
+    # the voice in the round is a count: one tick per position, labelled as an integer
+    assert [label.get_text() for label in axes.get_xticklabels()] == ["2", "3", "4"]
+    assert list(axes.get_xticks()) == [2, 3, 4]
+    lines = {line.get_label(): line for line in axes.get_lines()}
+    assert set(lines) == {"trained", "round_robin", "no_alignment", "all_speak"}
+    legend = {text.get_text() for text in axes.get_legend().get_texts()}
+    assert legend == set(lines)
+    # two systems with the same values stay visible: each line has its own marker and x offset
+    assert len({line.get_marker() for line in lines.values()}) == len(lines)
+    xs = {name: tuple(line.get_xdata()) for name, line in lines.items()}
+    assert xs["no_alignment"] != xs["all_speak"]
+    assert all(abs(x - round(x)) <= 0.2 for x in xs["no_alignment"] + xs["all_speak"])
+    assert list(lines["no_alignment"].get_ydata()) == list(lines["all_speak"].get_ydata())
+    # the bar charts' x axis is the criteria, named; no fractional positions are labelled
+    bars = saved_figures["persona.png"].axes[0]
+    assert [label.get_text() for label in bars.get_xticklabels()] == ["Consistency", "Overall"]
+    figure_legend = saved_figures["persona.png"].legends[0]
+    assert [text.get_text() for text in figure_legend.get_texts()] == [s.name for s in scores]

@@ -5,7 +5,8 @@ criterion, the score of every episode on 0-100. Output, in one folder: ``results
 (everything, per-episode values included), ``results.csv`` (one row per system x table x
 column), ``report.md`` (mean ± sd and n per cell, and the trained system's difference to
 the best baseline with a bootstrap interval) and the PNG plots it embeds: a grouped bar
-chart per table and redundancy by turn position in the round.
+chart per table and redundancy by turn position in the round (one marker, dash and small
+sideways shift per system, so that tied systems stay visible).
 """
 
 from __future__ import annotations
@@ -36,6 +37,9 @@ LOWER_IS_BETTER = {"redundancy"}
 #: Table titles.
 TITLES = {"persona": "Persona level (judge, 0-100)", "group": "Group level (judge, 0-100)",
           "metrics": "Automatic metrics"}
+#: One marker and one dash pattern per system in line plots (cycled), so that ties stay visible.
+_MARKERS = ("o", "s", "^", "D", "v", "P", "X", "*")
+_DASHES = ("-", "--", "-.", ":")
 
 
 @dataclass
@@ -169,7 +173,7 @@ def _plots(summary: Mapping[str, Any], out: Path) -> list[Path]:
         columns = [c for c in TABLES[table] if any(c in s["tables"].get(table, {}) for s in summary["systems"].values())]
         if not columns:
             continue
-        figure, axes = plt.subplots(figsize=(max(6, 1.6 * len(columns)), 3.6))
+        figure, axes = plt.subplots(figsize=(max(6, 1.6 * len(columns)), 3.9), layout="constrained")
         width = 0.8 / max(1, len(names))
         for i, name in enumerate(names):
             stats = [summary["systems"][name]["tables"].get(table, {}).get(c, {"mean": 0.0, "sd": 0.0})
@@ -181,22 +185,29 @@ def _plots(summary: Mapping[str, Any], out: Path) -> list[Path]:
         axes.set_ylim(0, 100)
         axes.set_ylabel("score (0-100)")
         axes.set_title(TITLES[table])
-        axes.legend(fontsize=7, ncol=2)
-        figure.tight_layout()
+        # below the axes: inside, it hides the tallest bars and their error bars
+        figure.legend(fontsize=7, ncol=math.ceil(len(names) / math.ceil(len(names) / 6)), loc="outside lower center", frameon=False)
         written.append(out / f"{table}.png")
         figure.savefig(written[-1], dpi=110)
         plt.close(figure)
     curves = {n: s["redundancy_by_position"] for n, s in summary["systems"].items() if s["redundancy_by_position"]}
     if curves:
-        figure, axes = plt.subplots(figsize=(6, 3.4))
-        for name, curve in curves.items():
+        figure, axes = plt.subplots(figsize=(7, 3.4), layout="constrained")
+        # systems often tie (same speakers, same plan): a marker, a dash pattern and a small
+        # sideways shift per system keep every line visible; the ticks stay on the positions
+        step = min(0.06, 0.3 / len(curves))
+        for i, (name, curve) in enumerate(curves.items()):
             positions = sorted(int(k) for k in curve)
-            axes.plot(positions, [curve[str(k)] for k in positions], marker="o", label=name)
+            shift = (i - (len(curves) - 1) / 2) * step
+            axes.plot([k + shift for k in positions], [curve[str(k)] for k in positions],
+                      marker=_MARKERS[i % len(_MARKERS)], linestyle=_DASHES[i % len(_DASHES)], label=name)
+        ticks = sorted({int(k) for curve in curves.values() for k in curve})
+        axes.set_xticks(ticks, [str(k) for k in ticks])
+        axes.set_xlim(ticks[0] - 0.4, ticks[-1] + 0.4)
         axes.set_xlabel("voice in the round")
         axes.set_ylabel("redundancy (cosine)")
         axes.set_title("Redundancy by position in the round")
-        axes.legend(fontsize=7)
-        figure.tight_layout()
+        axes.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1), borderaxespad=0)
         written.append(out / "redundancy.png")
         figure.savefig(written[-1], dpi=110)
         plt.close(figure)
