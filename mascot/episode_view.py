@@ -2,8 +2,9 @@
 
 Each persona turn is shown after the stage direction that produced it; the HTML page adds
 per-turn judge scores (from judgement records) and flags turns that mostly repeat an
-earlier voice of their round (redundancy at or above ``REDUNDANT``). No external assets:
-the page's style is inline, every text is escaped.
+earlier voice of their round (redundancy at or above ``REDUNDANT``). Systems that played
+the same episode ids are also shown side by side, one row per episode. No external
+assets: the page's style is inline, every text is escaped.
 """
 
 from __future__ import annotations
@@ -27,7 +28,9 @@ h1{font-size:1.4rem}h2{font-size:1.15rem;margin-top:2.5rem}h3{font-size:1rem;mar
 .turn{margin:.4rem 0;padding:.4rem .6rem;border-left:4px solid #ccc;border-radius:3px;background:#fafafa}
 .user{border-left-color:#555;background:#f0f0f0}.who{font-weight:600}.dir{color:#666;font-size:.85rem}
 .score{float:right;font-size:.8rem;color:#333}.flag{color:#b00;font-size:.8rem;margin-left:.5rem}
-.meta{color:#666;font-size:.85rem}"""
+.meta{color:#666;font-size:.85rem}
+.wide{width:96vw;margin-left:calc(50% - 48vw)}.pair{border-top:1px solid #ddd;margin-top:1.5rem}
+.cols{display:grid;gap:.6rem;overflow-x:auto}.colhead{font-weight:600;padding:.2rem 0;border-bottom:2px solid #ddd}"""
 
 
 def print_episodes(episodes: Sequence[Episode], roster: Roster, console: Console) -> None:
@@ -61,6 +64,11 @@ def episodes_html(
 ) -> str:
     """One self-contained HTML page of episodes, one section per key of ``sections``.
 
+    When sections share episode ids (evaluation systems playing one plan do), the page opens
+    with a side-by-side view: one row per episode id (scenario x person x repeat), the
+    sections' conversations of it in columns, in the order of ``sections``. The listing
+    per section follows it, each episode linked to its row.
+
     Args:
         sections: Section title (e.g. a system's name) -> its episodes.
         roster: The roster (names, colours).
@@ -75,34 +83,97 @@ def episodes_html(
     embedder = embedder or default_embedder()
     colours = {pid: _COLOURS[i % len(_COLOURS)] for i, pid in enumerate(roster.persona_ids)}
     names = {p.id: p.name for p in roster.personas}
-    parts = [f"<!doctype html><html lang=en><head><meta charset=utf-8><title>{html.escape(title)}</title>"
-             f"<style>{_STYLE}</style></head><body><h1>{html.escape(title)}</h1>"]
+    # each conversation is rendered once (the embedder is the slow part) and shown in both views
+    turns: dict[str, list[str]] = {}
     for section, episodes in sections.items():
         scores = {(j.get("episode_id"), j.get("turn")): j for j in (judgements or {}).get(section, ())
                   if j.get("status") == "ok" and j.get("turn") is not None}
+        turns[section] = [_turns_html(episode, scores, colours, names, embedder) for episode in episodes]
+    # a section's first episode of an id is the one its column shows
+    played = {section: {e.id: i for i, e in reversed(list(enumerate(episodes)))}
+              for section, episodes in sections.items()}
+    rows = _rows(sections)
+    parts = [f"<!doctype html><html lang=en><head><meta charset=utf-8><title>{html.escape(title)}</title>"
+             f"<style>{_STYLE}</style></head><body><h1>{html.escape(title)}</h1>"]
+    anchors = {episode_id: f"pair-{n}" for n, episode_id in enumerate(rows, 1)}
+    if rows:
+        parts.append(f"<nav class=meta><a href='#side-by-side'>Side by side</a> ({len(rows)} episodes) · by system: "
+                     + " · ".join(f"<a href='#system-{n}'>{html.escape(section)}</a>"
+                                  for n, section in enumerate(sections, 1)) + "</nav>"
+                     "<h2 id=side-by-side>Side by side</h2><div class=wide>")
+        for episode_id, episode in rows.items():
+            parts.append(f"<section class=pair id={anchors[episode_id]}><h3>{html.escape(_heading(episode))}</h3>"
+                         f"<div class=meta>{html.escape(episode_id)}"
+                         f"{'' if episode.source.repeat is None else f' · repeat {episode.source.repeat}'}</div>"
+                         f"<div class=cols style='grid-template-columns:repeat({len(sections)},minmax(17rem,1fr))'>")
+            for section, episodes in sections.items():
+                index = played[section].get(episode_id)
+                parts.append(f"<div class=col><div class=colhead>{html.escape(section)}"
+                             + ("</div><div class=meta>not played</div>" if index is None else
+                                f"{_fallbacks(episodes[index])}</div>{turns[section][index]}")
+                             + "</div>")
+            parts.append("</div></section>")
+        parts.append("</div>")
+    for n, (section, episodes) in enumerate(sections.items(), 1):
         if len(sections) > 1:
-            parts.append(f"<h2>{html.escape(section)}</h2>")
-        for episode in episodes:
-            redundancy = iter(round_redundancy(episode, embedder=embedder))
+            parts.append(f"<h2 id=system-{n}>{html.escape(section)}</h2>")
+        for episode, rendered in zip(episodes, turns[section], strict=True):
             scenario = episode.scenario.id if episode.scenario else ""
+            link = f" · <a href='#{anchors[episode.id]}'>side by side</a>" if episode.id in anchors else ""
             parts.append(f"<h3>{html.escape(scenario or episode.id)}</h3><div class=meta>{html.escape(episode.id)}"
-                         f"{' · ' + str(len(episode.fallbacks)) + ' fallbacks' if episode.fallbacks else ''}</div>")
-            for index, message in enumerate(episode.messages):
-                if message.role == "user":
-                    parts.append(f"<div class='turn user'><span class=who>Person</span>: "
-                                 f"{html.escape(message.content)}</div>")
-                elif message.role == "assistant":
-                    name = message.name or "assistant"
-                    flag = next(redundancy, 0.0) >= REDUNDANT
-                    judged = scores.get((episode.id, index))
-                    direction = message.stage_direction or {}
-                    parts.append(
-                        f"<div class=turn style='border-left-color:{colours.get(name, '#999')}'>"
-                        + (f"<span class=score>judge {judged['overall']:.0f}</span>" if judged else "")
-                        + (f"<div class=dir>» {html.escape(str(direction.get('action', '')))} "
-                           f"(tone: {html.escape(str(direction.get('tone', '')))})</div>" if direction else "")
-                        + f"<span class=who style='color:{colours.get(name, '#333')}'>"
-                        f"{html.escape(names.get(name, name))}</span>: {html.escape(message.content)}"
-                        + ("<span class=flag>repeats an earlier voice</span>" if flag else "") + "</div>")
+                         f"{_fallbacks(episode)}{link}</div>{rendered}")
     parts.append("</body></html>")
+    return "".join(parts)
+
+
+def _rows(sections: Mapping[str, Sequence[Episode]]) -> dict[str, Episode]:
+    """Every episode id -> one of its episodes, by scenario, person and repeat (first
+    appearance breaks ties); empty unless two sections share an id."""
+    seen: dict[str, Episode] = {}
+    count: dict[str, int] = {}
+    for episodes in sections.values():
+        for episode in episodes:
+            seen.setdefault(episode.id, episode)
+        for episode_id in {e.id for e in episodes}:
+            count[episode_id] = count.get(episode_id, 0) + 1
+    if not any(n > 1 for n in count.values()):
+        return {}
+
+    def key(episode: Episode) -> tuple[str, str, int]:
+        return (episode.scenario.id if episode.scenario else "",
+                episode.user_profile.id if episode.user_profile else "", episode.source.repeat or 0)
+    return {e.id: e for e in sorted(seen.values(), key=key)}
+
+
+def _heading(episode: Episode) -> str:
+    scenario = episode.scenario.id if episode.scenario else episode.id
+    person = f" · {episode.user_profile.name} ({episode.user_profile.id})" if episode.user_profile else ""
+    return scenario + person
+
+
+def _fallbacks(episode: Episode) -> str:
+    return f" · {len(episode.fallbacks)} fallbacks" if episode.fallbacks else ""
+
+
+def _turns_html(episode: Episode, scores: Mapping[tuple[Any, Any], Mapping[str, Any]], colours: Mapping[str, str],
+                names: Mapping[str, str], embedder: Embedder) -> str:
+    redundancy = iter(round_redundancy(episode, embedder=embedder))
+    parts = []
+    for index, message in enumerate(episode.messages):
+        if message.role == "user":
+            parts.append(f"<div class='turn user'><span class=who>Person</span>: "
+                         f"{html.escape(message.content)}</div>")
+        elif message.role == "assistant":
+            name = message.name or "assistant"
+            flag = next(redundancy, 0.0) >= REDUNDANT
+            judged = scores.get((episode.id, index))
+            direction = message.stage_direction or {}
+            parts.append(
+                f"<div class=turn style='border-left-color:{colours.get(name, '#999')}'>"
+                + (f"<span class=score>judge {judged['overall']:.0f}</span>" if judged else "")
+                + (f"<div class=dir>» {html.escape(str(direction.get('action', '')))} "
+                   f"(tone: {html.escape(str(direction.get('tone', '')))})</div>" if direction else "")
+                + f"<span class=who style='color:{colours.get(name, '#333')}'>"
+                f"{html.escape(names.get(name, name))}</span>: {html.escape(message.content)}"
+                + ("<span class=flag>repeats an earlier voice</span>" if flag else "") + "</div>")
     return "".join(parts)
