@@ -26,7 +26,7 @@ from transformers import AutoModelForCausalLM, GenerationConfig, Qwen3Config, Tr
 
 from mascot.graphs import create_director_graph
 from mascot.rosters import load_roster, load_scenarios
-from mascot.tiny_model import build_tokenizer
+from mascot.testing.tiny_model import build_tokenizer
 from mascot.training.episode import read_episodes
 from mascot.training.recipe import recipe_path
 from mascot.training.rollout import collect_episodes

@@ -43,7 +43,7 @@ from typing import Any
 import torch
 
 from mascot.policies.local import LocalBackend, quiet_loading
-from mascot.tiny_model import CHAT_TEMPLATE, build_tiny_model
+from mascot.testing.tiny_model import CHAT_TEMPLATE, build_tiny_model
 
 PROMPTS = ["I failed my exam again.", "My manager ignores my ideas.", "I cannot sleep before big days.",
            "We missed the launch date.", "My friend stopped answering my messages.",

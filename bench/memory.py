@@ -36,7 +36,7 @@ from pathlib import Path
 import torch
 
 from mascot.policies.local import LocalBackend, quiet_loading
-from mascot.tiny_model import build_tiny_model, build_tokenizer
+from mascot.testing.tiny_model import build_tiny_model, build_tokenizer
 
 LAYOUTS = ("base", "shared", "copies")
 QWEN3_06B = {"hidden_size": 1024, "intermediate_size": 3072, "num_hidden_layers": 28, "num_attention_heads": 16,

@@ -1,6 +1,6 @@
 """Rollout throughput against a model server with a fixed latency, by concurrency.
 
-Starts the stub OpenAI-compatible server (``python -m mascot.stub_server``) in its own
+Starts the stub OpenAI-compatible server (``python -m mascot.testing.stub_server``) in its own
 process, answering every request after ``--latency`` seconds, and runs ``mascot rollout``
 against it at each concurrency, in one process and with ``--workers`` processes: the real
 path (the compiled director graph, ``ChatOpenAI`` over HTTP with structured output for the
@@ -39,7 +39,7 @@ MASCOT = str(Path(sys.executable).parent / "mascot")
 def start_server(latency: float) -> tuple[subprocess.Popen[str], str]:
     """Start the stub server in a subprocess; return it and its base URL."""
     server = subprocess.Popen(
-        [sys.executable, "-m", "mascot.stub_server", "--latency", str(latency)],
+        [sys.executable, "-m", "mascot.testing.stub_server", "--latency", str(latency)],
         stdout=subprocess.PIPE,
         text=True,
     )

@@ -24,7 +24,7 @@ import uvicorn
 
 from mascot.policies.local import LocalBackend
 from mascot.policies.local_server import create_app
-from mascot.tiny_model import build_tiny_model
+from mascot.testing.tiny_model import build_tiny_model
 
 PROMPTS = ["I failed my exam again.", "My manager ignores my ideas.", "I cannot sleep before big days.",
            "We missed the launch date.", "My friend stopped answering my messages."]

@@ -1,6 +1,6 @@
 """Training overhead: `mascot train-speakers` (GRPO) vs a bare TRL GRPOTrainer script.
 
-Both train the same tiny random-weight model (``mascot.tiny_model``, built on the spot as
+Both train the same tiny random-weight model (``mascot.testing.tiny_model``, built on the spot as
 the tests build it) on the same prompts with the same reward callables and the same
 settings:
 
@@ -66,7 +66,7 @@ from trl import GRPOConfig, GRPOTrainer
 
 from mascot.graphs import create_director_graph
 from mascot.rosters import Roster, load_roster, load_scenarios
-from mascot.tiny_model import build_tiny_model
+from mascot.testing.tiny_model import build_tiny_model
 from mascot.training.episode import read_episodes
 from mascot.training.recipe import recipe_path
 from mascot.training.reward_model import RewardModel, train_reward_model

@@ -95,7 +95,7 @@ def run_workers(
     processes = []
     for shard, log in enumerate(logs):
         share = concurrency // workers + (shard < concurrency % workers)
-        command = [sys.executable, "-m", "mascot.cli", *argv,
+        command = [sys.executable, "-m", "mascot", *argv,
                    "--workers", "1", "--concurrency", str(max(1, share)), "--shard", f"{shard}/{workers}"]
         processes.append(subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=log))
     previous = signal.signal(signal.SIGTERM, _interrupt)

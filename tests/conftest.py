@@ -21,7 +21,7 @@ def roster() -> Roster:
 @pytest.fixture(scope="session")
 def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A tiny Qwen3-architecture model with one non-zero LoRA adapter per persona."""
-    from mascot.tiny_model import build_tiny_model
+    from mascot.testing.tiny_model import build_tiny_model
 
     return build_tiny_model(tmp_path_factory.mktemp("tiny") / "qwen3", with_adapters=True)
 
@@ -29,7 +29,7 @@ def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture(scope="session")
 def tiny_llama(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A tiny Llama-architecture model (nothing may assume one model family)."""
-    from mascot.tiny_model import build_tiny_model
+    from mascot.testing.tiny_model import build_tiny_model
 
     return build_tiny_model(tmp_path_factory.mktemp("tiny") / "llama", arch="llama")
 

@@ -76,7 +76,7 @@ def test_candidates_command_against_a_server(tmp_path: Path) -> None:
     import subprocess
     import sys
 
-    from mascot.stub_server import start_stub_server
+    from mascot.testing.stub_server import start_stub_server
 
     mascot = str(Path(sys.executable).parent / "mascot")
     env = {**os.environ, "HF_HUB_OFFLINE": "1"}

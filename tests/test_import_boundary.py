@@ -26,6 +26,7 @@ def _run(code: str) -> subprocess.CompletedProcess[str]:
 
 def test_light_packages_import_without_torch() -> None:
     result = _run("import mascot, mascot.rosters, mascot.graphs, mascot.policies, mascot.cli\n"
+                  "from mascot import create_director_graph, load_roster, Policies\n"
                   "assert 'torch' not in sys.modules\nprint('ok')")
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip() == "ok"
@@ -52,3 +53,30 @@ def test_dependency_direction() -> None:
     assert not any(n.startswith("mascot.policies") for n in graphs)
     assert not any(n.startswith("mascot.graphs") for n in policies)
     assert not any(n.startswith(("mascot.graphs", "mascot.policies", "mascot.training")) for n in rosters)
+
+
+def test_importing_rosters_loads_neither_training_nor_langgraph() -> None:
+    result = _run("import mascot.rosters\n"
+                  "heavy = sorted(m for m in sys.modules if m.split('.')[0] in {'langgraph', 'langchain_openai',"
+                  " 'langchain_core', 'openai'} or m.startswith(('mascot.training', 'mascot.graphs',"
+                  " 'mascot.policies')))\n"
+                  "print(heavy)")
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "[]"
+
+
+def test_every_public_name_resolves_from_the_root() -> None:
+    result = _run("import mascot\n"
+                  "missing = [n for n in mascot.__all__ if getattr(mascot, n, None) is None]\n"
+                  "print(len(mascot.__all__), missing)")
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "25 []"
+
+
+def test_root_type_checking_imports_match_the_lazy_table() -> None:
+    tree = ast.parse((ROOT / "mascot" / "__init__.py").read_text())
+    checked = {alias.name for node in ast.walk(tree) if isinstance(node, ast.ImportFrom)
+               and node.module and node.module.startswith("mascot.") for alias in node.names}
+    import mascot
+
+    assert checked == set(mascot.__all__)

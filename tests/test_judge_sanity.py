@@ -16,7 +16,7 @@ from mascot.graphs.direction import StageDirection
 from mascot.graphs.prompts import speaker_messages
 from mascot.graphs.state import openai_messages
 from mascot.rosters import Roster, load_roster
-from mascot.stub_server import start_stub_server
+from mascot.testing.stub_server import start_stub_server
 from mascot.training.candidates import langchain_message
 from mascot.training.judge import Judge
 from mascot.training.judge_sanity import (

@@ -54,7 +54,7 @@ def tiny_gguf(tmp_path_factory: pytest.TempPathFactory) -> bytes:
     """A tiny Qwen2-architecture GGUF (random weights, the tiny model's tokenizer), as bytes."""
     import gguf
 
-    from mascot.tiny_model import CHAT_TEMPLATE, build_tokenizer
+    from mascot.testing.tiny_model import CHAT_TEMPLATE, build_tokenizer
 
     spec = json.loads(build_tokenizer().backend_tokenizer.to_str())["model"]
     tokens = sorted(spec["vocab"], key=spec["vocab"].get)

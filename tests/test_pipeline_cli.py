@@ -9,7 +9,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from mascot.stub_server import start_stub_server
+from mascot.testing.stub_server import start_stub_server
 
 MASCOT = str(Path(sys.executable).parent / "mascot")
 

@@ -55,7 +55,7 @@ def test_bad_recipes_are_one_line_errors(tmp_path: Path, change: dict, message: 
 
 
 def test_demo_recipe_gives_a_real_model_each_roles_budget(tmp_path: Path) -> None:
-    from mascot.cli_pipeline import demo_recipe
+    from mascot.cli.pipeline import demo_recipe
 
     for model, judge_url, expected in (("tiny", "http://127.0.0.1:9/v1", ["--max-tokens", "16"]), ("real", None, [])):
         plan = dict(stages(load_recipe(write(tmp_path, demo_recipe(model, judge_url=judge_url))), tmp_path))

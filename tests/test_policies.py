@@ -131,7 +131,7 @@ def test_no_key_sent_without_api_key_env(monkeypatch: pytest.MonkeyPatch) -> Non
 def test_each_role_has_its_own_reply_budget(roster) -> None:
     import argparse
 
-    from mascot.cli_options import budgets, with_budgets
+    from mascot.cli.options import budgets, with_budgets
     from mascot.policies import ROLE_MAX_TOKENS, SPEAKER_MAX_TOKENS
 
     policies = Policies.single(PolicySpec(model="some/model"), roster)

@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from mascot.stub_server import StubConfig, start_stub_server
+from mascot.testing.stub_server import StubConfig, start_stub_server
 
 MASCOT = str(Path(sys.executable).parent / "mascot")
 SECRET = "sk-test-4f1d9c0e7b2a85e6d3c1"

@@ -20,7 +20,7 @@ from langchain_openai import ChatOpenAI
 from mascot.graphs.direction import StageDirection
 from mascot.graphs.prompts import director_messages
 from mascot.rosters import USER, Roster
-from mascot.stub_server import StubConfig, StubServer, main, start_stub_server
+from mascot.testing.stub_server import StubConfig, StubServer, main, start_stub_server
 
 DIRECTOR = (
     "You are the Director of a test.\n\nVoices who may speak now:\n- anchor: The Anchor.\n- skeptic: The Skeptic.\n\n"
@@ -216,7 +216,7 @@ def test_bad_config_and_host_are_refused() -> None:
 
 def test_cli_serves_and_stops_on_sigterm() -> None:
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-    proc = subprocess.Popen([sys.executable, "-m", "mascot.stub_server", "--latency", "0.01"],
+    proc = subprocess.Popen([sys.executable, "-m", "mascot.testing.stub_server", "--latency", "0.01"],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
     try:
         line = proc.stdout.readline().strip()
@@ -231,7 +231,7 @@ def test_cli_serves_and_stops_on_sigterm() -> None:
 
 
 def test_cli_refuses_a_non_loopback_host() -> None:
-    result = subprocess.run([sys.executable, "-m", "mascot.stub_server", "--host", "0.0.0.0"],
+    result = subprocess.run([sys.executable, "-m", "mascot.testing.stub_server", "--host", "0.0.0.0"],
                             capture_output=True, text=True, timeout=30)
     assert result.returncode == 2 and result.stdout == ""
     assert len(result.stderr.strip().splitlines()) == 1 and "0.0.0.0" in result.stderr

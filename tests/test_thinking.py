@@ -17,7 +17,7 @@ from transformers import AutoTokenizer
 from trl import DPOTrainer, GRPOTrainer, RewardTrainer
 
 from mascot.policies.thinking import chat_template_kwargs
-from mascot.tiny_model import CHAT_TEMPLATE
+from mascot.testing.tiny_model import CHAT_TEMPLATE
 from mascot.training import reward_model, speaker_dpo
 from mascot.training.director_training import DirectorTrainingConfig
 from mascot.training.reward_model import RewardModel, train_reward_model

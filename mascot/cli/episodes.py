@@ -17,7 +17,7 @@ from rich.progress import (
     TimeRemainingColumn,
 )
 
-from mascot.cli_options import (
+from mascot.cli.options import (
     UsageError,
     add_policy_flags,
     err,

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from mascot.cli_options import (
+from mascot.cli.options import (
     UsageError,
     budgets,
     err,

@@ -12,7 +12,7 @@ from typing import Any
 
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from mascot.cli_options import (
+from mascot.cli.options import (
     UsageError,
     add_recipe_flags,
     add_policy_flags,

@@ -7,7 +7,7 @@ import shlex
 
 from rich.progress import BarColumn, Progress, TaskID, TaskProgressColumn, TextColumn, TimeElapsedColumn
 
-from mascot.cli_options import err, out
+from mascot.cli.options import err, out
 from mascot.offline_model import DTYPES, UPSTREAM, build_offline_model, default_cache, is_offline_model
 
 

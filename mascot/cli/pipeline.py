@@ -9,7 +9,7 @@ from pathlib import Path
 
 import yaml
 
-from mascot.cli_options import UsageError, err, out
+from mascot.cli.options import UsageError, err, out
 
 
 def add_commands(commands: argparse._SubParsersAction) -> None:
@@ -43,14 +43,14 @@ def _show_stage(name: str, state: str) -> None:
 def _demo(args: argparse.Namespace) -> int:
     from mascot.pipeline import PipelineError, run_pipeline
     from mascot.rosters import load_scenarios
-    from mascot.stub_server import start_stub_server
+    from mascot.testing.stub_server import start_stub_server
 
     folder = Path(args.out).resolve()
     folder.mkdir(parents=True, exist_ok=True)
     if args.model:
         model = args.model
     else:
-        from mascot.tiny_model import build_tiny_model
+        from mascot.testing.tiny_model import build_tiny_model
 
         model = str(folder / "tiny-model")
         if not (folder / "tiny-model" / "config.json").is_file():

@@ -13,7 +13,7 @@ import argparse
 from pathlib import Path
 from typing import Any
 
-from mascot.cli_options import UsageError, add_recipe_flags, err, mask_secrets_in_logs, out, recipe_from_args
+from mascot.cli.options import UsageError, add_recipe_flags, err, mask_secrets_in_logs, out, recipe_from_args
 from mascot.policies import Policies
 from mascot.rosters import Roster, load_roster
 from mascot.training.adapter_registry import register_adapter

@@ -15,7 +15,7 @@ from pathlib import Path
 import httpx
 import yaml
 
-from mascot.cli_options import UsageError, err, out, positive
+from mascot.cli.options import UsageError, err, out, positive
 from mascot.policies.serving import ServedPolicies, client_policies, reload_adapters, vllm_command
 
 #: Seconds to wait for a started vLLM server to answer /health.

@@ -5,7 +5,7 @@ Tests and benchmarks run rollouts against it: it answers late (``latency_s``), f
 a reply off halfway (truncated JSON), or leaks the caller's ``Authorization`` header
 (``echo_auth``). The Director (or any request with
 ``response_format``) gets a JSON stage direction naming a speaker its prompt allows; everyone
-else gets a short sentence. Stdlib only, HTTP/1.1 keep-alive; ``python -m mascot.stub_server``.
+else gets a short sentence. Stdlib only, HTTP/1.1 keep-alive; ``python -m mascot.testing.stub_server``.
 """
 
 from __future__ import annotations
@@ -395,7 +395,7 @@ def start_stub_server(config: StubConfig | None = None, *, host: str = "127.0.0.
 
 def main(argv: list[str] | None = None) -> None:
     """Run the stub server from the command line until SIGTERM or SIGINT."""
-    parser = argparse.ArgumentParser(prog="python -m mascot.stub_server", description=__doc__)
+    parser = argparse.ArgumentParser(prog="python -m mascot.testing.stub_server", description=__doc__)
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=0)
     parser.add_argument("--latency", type=float, default=0.0, help="seconds per request")

@@ -16,7 +16,7 @@ import pytest
 
 from mascot.cli import main
 from mascot.rosters import load_roster
-from mascot.stub_server import StubConfig, StubServer, start_stub_server
+from mascot.testing.stub_server import StubConfig, StubServer, start_stub_server
 
 from helpers import MASCOT, mascot, records, write_warm_over_curt_pairs
 from suite_tally import count

@@ -11,7 +11,7 @@ import pytest
 import yaml
 
 from mascot.cli import main
-from mascot.stub_server import StubConfig, start_stub_server
+from mascot.testing.stub_server import StubConfig, start_stub_server
 
 from helpers import mascot, write_warm_over_curt_pairs
 from suite_tally import count

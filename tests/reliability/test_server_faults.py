@@ -12,7 +12,7 @@ import pytest
 import yaml
 
 from mascot.rosters import load_roster
-from mascot.stub_server import FAULTS, StubConfig, StubServer, start_stub_server
+from mascot.testing.stub_server import FAULTS, StubConfig, StubServer, start_stub_server
 
 from helpers import mascot, records
 from suite_tally import count

@@ -170,7 +170,7 @@ def _address(hexed: str, width: int) -> str:
 def test_servers_listen_on_loopback_only(served: dict[str, Any]) -> None:
     sockets = _listening(served["pid"])
     assert sockets and all(address in ("127.0.0.1", "::1") for address, _ in sockets), sockets
-    stub = subprocess.Popen([sys.executable, "-m", "mascot.stub_server"], stdout=subprocess.PIPE, text=True)
+    stub = subprocess.Popen([sys.executable, "-m", "mascot.testing.stub_server"], stdout=subprocess.PIPE, text=True)
     try:
         assert stub.stdout is not None and "http://127.0.0.1:" in stub.stdout.readline()
         stub_sockets = _listening(stub.pid)
@@ -178,7 +178,7 @@ def test_servers_listen_on_loopback_only(served: dict[str, Any]) -> None:
         stub.terminate()
         stub.wait(timeout=10)
     assert stub_sockets and all(address == "127.0.0.1" for address, _ in stub_sockets), stub_sockets
-    refused = subprocess.run([sys.executable, "-m", "mascot.stub_server", "--host", "0.0.0.0"],
+    refused = subprocess.run([sys.executable, "-m", "mascot.testing.stub_server", "--host", "0.0.0.0"],
                              capture_output=True, text=True, timeout=30)
     assert refused.returncode == 2 and "refusing non-loopback" in refused.stderr
     count(inputs_tried=3)

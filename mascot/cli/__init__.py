@@ -1,0 +1,18 @@
+"""The ``mascot`` command line; each command lives in the module named after it.
+
+- ``rosters``: rosters, rosters show/check/new
+- ``chat``: graph, chat
+- ``episodes``: rollout, import-logs
+- ``judging``: judge, candidates, blocks, pairs, train-rm
+- ``policy_training``: train-speakers, train-director
+- ``evaluation``: eval, show
+- ``serve``: serve
+- ``pipeline``: pipeline, demo
+- ``offline_model``: offline-model
+- ``tiny_model``: tiny-model
+- ``options``: flags and console output shared by the commands
+"""
+
+from mascot.cli.main import main
+
+__all__ = ["main"]
