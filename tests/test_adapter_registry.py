@@ -55,3 +55,42 @@ def test_registration_refuses_bad_input(tiny_model: Path, roster: Roster, tmp_pa
         register_adapter(policy_file, "anchor", base=str(tiny_model), adapter=tiny_model / "adapters/anchor",
                          roster=roster)
     assert policy_file.read_text() == "roles: {anchor: {kind: nonsense}}\n"  # left as it was
+
+
+def test_concurrent_registrations_keep_every_entry(tiny_model: Path, roster: Roster, tmp_path: Path,
+                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    import threading
+    import time
+
+    from mascot.training import adapter_registry
+
+    policy_file = tmp_path / "policies.yaml"
+    register_adapter(policy_file, "anchor", base=str(tiny_model), adapter=tiny_model / "adapters/anchor",
+                     roster=roster, version="1")
+    slow_read = adapter_registry.read_yaml
+
+    def read_then_pause(path: Path) -> dict:
+        data = slow_read(path)
+        time.sleep(0.2)  # every run has read the file before any writes: a lost update without the lock
+        return data
+
+    monkeypatch.setattr(adapter_registry, "read_yaml", read_then_pause)
+    roles = [p for p in roster.persona_ids if p != "anchor"] + ["director"]
+    errors: list[BaseException] = []
+
+    def register(role: str) -> None:
+        try:
+            register_adapter(policy_file, role, base=str(tiny_model), adapter=tiny_model / "adapters/anchor",
+                             roster=roster, version="2")
+        except BaseException as exc:  # reported below: a thread's exception is otherwise lost
+            errors.append(exc)
+
+    threads = [threading.Thread(target=register, args=(role,)) for role in roles]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=60)
+    assert not errors
+    registered = yaml.safe_load(policy_file.read_text())["roles"]
+    assert set(registered) == {"default", "anchor", *roles}
+    assert all(registered[role]["version"] == "2" for role in roles)

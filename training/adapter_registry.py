@@ -3,13 +3,18 @@
 Training commands register what they produce (role -> base model + adapter folder +
 version) in a policy file, so ``mascot chat --policies FILE`` and
 ``Policies.from_file`` pick the new adapters up with no code change. The file is the same
-format users write by hand (see ``mascot.policies.spec``); it is replaced atomically.
+format users write by hand (see ``mascot.policies.spec``); it is replaced atomically, and
+a registration holds the file's lock (``.NAME.lock`` beside it) from reading to replacing,
+so runs that register into one file at once each keep their entry.
 """
 
 from __future__ import annotations
 
+import fcntl
 import os
 import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -55,18 +60,32 @@ def register_adapter(
     if role not in valid:
         raise PolicyError(f"cannot register an adapter for role '{role}'; valid: {', '.join(valid)}")
     base = _model_reference(base, path)
-    # a new file answers the other roles with the bare base model
-    data: dict[str, Any] = {"version": 1, "roles": {"default": {"kind": "local", "model": base}}}
-    if path.exists():
-        load_policy_specs(path, roster)  # refuse to build on an invalid file
-        data = read_yaml(path)
-        data.setdefault("roles", {})
     version = version or datetime.now(UTC).strftime("%Y%m%d-%H%M%S")
     folder = path.parent.resolve()
     where = os.path.relpath(adapter, folder) if adapter.is_relative_to(folder) else str(adapter)
-    data["roles"][role] = {"kind": "local", "model": base, "adapter": where, "version": version}
-    _replace(path, yaml.safe_dump(data, sort_keys=False, allow_unicode=True))
+    with _locked(path):
+        # a new file answers the other roles with the bare base model
+        data: dict[str, Any] = {"version": 1, "roles": {"default": {"kind": "local", "model": base}}}
+        if path.exists():
+            load_policy_specs(path, roster)  # refuse to build on an invalid file
+            data = read_yaml(path)
+            data.setdefault("roles", {})
+        data["roles"][role] = {"kind": "local", "model": base, "adapter": where, "version": version}
+        _replace(path, yaml.safe_dump(data, sort_keys=False, allow_unicode=True))
     return version
+
+
+@contextmanager
+def _locked(path: Path) -> Iterator[None]:
+    """Wait for, then hold, the policy file's lock: a read-modify-write of another run
+    in between would drop one of the two entries."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with (path.parent / f".{path.name}.lock").open("a") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
 
 
 def _model_reference(base: str, policy_file: Path) -> str:
