@@ -11,6 +11,7 @@ unchanged and already finished, and each command resumes its own partial work.
 from __future__ import annotations
 
 import hashlib
+import importlib.util
 import json
 import subprocess
 import sys
@@ -201,6 +202,28 @@ def _budget_flag(budget: int | str | None) -> list[str]:
     return [] if budget is None else ["--max-tokens", str(budget)]
 
 
+# what the stages import, by the extra of mascot that installs it
+_EXTRAS = {
+    "train": ("torch", "transformers", "peft", "trl", "datasets", "accelerate"),
+    "eval": ("matplotlib",),
+}
+
+
+def check_extras() -> None:
+    """Refuse to start a pipeline that would fail at a late stage for want of an extra.
+
+    Raises:
+        PipelineError: naming the missing modules and the install command.
+    """
+    missing = {extra: [m for m in modules if importlib.util.find_spec(m) is None]
+               for extra, modules in _EXTRAS.items()}
+    missing = {extra: modules for extra, modules in missing.items() if modules}
+    if missing:
+        names = ", ".join(m for modules in missing.values() for m in modules)
+        raise PipelineError(f"the pipeline needs mascot's {', '.join(missing)} extra ({names} not installed); "
+                            f"install it first: pip install \"mascot[{','.join(missing)}]\"")
+
+
 def run_pipeline(
     recipe_file: str | Path,
     *,
@@ -218,10 +241,12 @@ def run_pipeline(
         The evaluation report's path.
 
     Raises:
-        PipelineError: on an invalid recipe or a failed stage (its last error line).
+        PipelineError: on an invalid recipe, a missing extra (before any stage runs) or a
+            failed stage (its last error line).
     """
     recipe_file = Path(recipe_file)
     recipe = load_recipe(recipe_file)
+    check_extras()
     base = recipe_file.resolve().parent
     out = _path(recipe.out, base)
     markers = out / ".stages"

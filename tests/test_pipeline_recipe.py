@@ -65,3 +65,24 @@ def test_demo_recipe_gives_a_real_model_each_roles_budget(tmp_path: Path) -> Non
             assert found == expected, (model, stage, flags)
         judge = plan["judge-blocks"]
         assert judge[judge.index("--model") + 1] == ("stub-judge" if judge_url else "real")  # a real model judges itself
+
+
+def test_a_missing_extra_stops_the_demo_before_any_work(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                        capsys: pytest.CaptureFixture[str]) -> None:
+    import importlib.util
+
+    from mascot.cli import main
+    from mascot.pipeline import run_pipeline
+
+    find_spec = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec",
+                        lambda name, *a: None if name == "matplotlib" else find_spec(name, *a))
+    assert main(["demo", "--out", str(tmp_path / "demo")]) == 2
+    error = capsys.readouterr().err
+    assert "mascot: error:" in error and "eval extra (matplotlib not installed)" in error
+    assert 'pip install "mascot[eval]"' in error
+    assert not (tmp_path / "demo").exists() or not any((tmp_path / "demo").iterdir())  # nothing built
+    started: list[str] = []
+    with pytest.raises(PipelineError, match="eval extra"):
+        run_pipeline(write(tmp_path, RECIPE), on_stage=lambda name, state: started.append(name))
+    assert started == []

@@ -41,10 +41,14 @@ def _show_stage(name: str, state: str) -> None:
 
 
 def _demo(args: argparse.Namespace) -> int:
-    from mascot.pipeline import PipelineError, run_pipeline
+    from mascot.pipeline import PipelineError, check_extras, run_pipeline
     from mascot.rosters import load_scenarios
     from mascot.testing.stub_server import start_stub_server
 
+    try:
+        check_extras()  # before minutes of work, not at the last stage
+    except PipelineError as exc:
+        raise UsageError(str(exc)) from None
     folder = Path(args.out).resolve()
     folder.mkdir(parents=True, exist_ok=True)
     if args.model:
