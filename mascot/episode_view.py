@@ -105,7 +105,7 @@ def episodes_html(
             parts.append(f"<section class=pair id={anchors[episode_id]}><h3>{html.escape(_heading(episode))}</h3>"
                          f"<div class=meta>{html.escape(episode_id)}"
                          f"{'' if episode.source.repeat is None else f' · repeat {episode.source.repeat}'}</div>"
-                         f"<div class=cols style='grid-template-columns:repeat({len(sections)},minmax(17rem,1fr))'>")
+                         f"<div class=cols style='grid-template-columns:repeat({len(sections)},minmax(15rem,1fr))'>")
             for section, episodes in sections.items():
                 index = played[section].get(episode_id)
                 parts.append(f"<div class=col><div class=colhead>{html.escape(section)}"
@@ -116,13 +116,13 @@ def episodes_html(
         parts.append("</div>")
     for n, (section, episodes) in enumerate(sections.items(), 1):
         if len(sections) > 1:
-            parts.append(f"<h2 id=system-{n}>{html.escape(section)}</h2>")
+            parts.append(f"{'</section>' if n > 1 else ''}<section id=system-{n}><h2>{html.escape(section)}</h2>")
         for episode, rendered in zip(episodes, turns[section], strict=True):
             scenario = episode.scenario.id if episode.scenario else ""
             link = f" · <a href='#{anchors[episode.id]}'>side by side</a>" if episode.id in anchors else ""
             parts.append(f"<h3>{html.escape(scenario or episode.id)}</h3><div class=meta>{html.escape(episode.id)}"
                          f"{_fallbacks(episode)}{link}</div>{rendered}")
-    parts.append("</body></html>")
+    parts.append(f"{'</section>' if len(sections) > 1 else ''}</body></html>")
     return "".join(parts)
 
 

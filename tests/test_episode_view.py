@@ -21,8 +21,8 @@ def test_systems_sharing_episode_ids_are_shown_side_by_side(episodes: list, rost
                                                       "overall": 91.0}]},
                          embedder=LexicalEmbedder())
     assert "<script>" not in page and "&lt;script&gt;x&lt;/script&gt;" in page and "Eval &lt;&amp;&gt;" in page
-    side, listing = page.split("<h2 id=system-1>")
-    assert "<h2 id=side-by-side>" in side and "<h2 id=system-2>round_robin</h2>" in listing  # listing kept
+    side, listing = page.split("<section id=system-1>")
+    assert "<h2 id=side-by-side>" in side and "<section id=system-2><h2>round_robin</h2>" in listing  # listing kept
     rows = re.findall(r"<section class=pair id=(pair-\d+)>(.*?)</section>", side)
     assert len(rows) == 2  # one row per episode id, not per system x episode
     for episode in (first, second):
