@@ -222,10 +222,10 @@ def _structured_models(director: BaseChatModel) -> Callable[[tuple[str, ...]], R
                 models[speakers] = director.with_structured_output(
                     direction_schema(speakers), method="json_schema", include_raw=True
                 )
-            except NotImplementedError:
-                if not models:
-                    logger.warning("%s has no structured output; the Director is prompted for JSON instead",
-                                   type(director).__name__)
+            except NotImplementedError as exc:
+                if not models:  # once per graph: every later set of speakers fails alike
+                    logger.warning("%s has no structured output (%s); the Director is prompted for JSON instead",
+                                   type(director).__name__, exc)
                 models[speakers] = director
         return models[speakers]
 

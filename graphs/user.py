@@ -27,7 +27,8 @@ UserKind = BaseChatModel | Literal["human"] | None
 def user_node(roster: Roster, user: UserKind, *, max_rounds: int, next_node: str) -> Node:
     """Build the node where a round ends and the person speaks.
 
-    Ending a round increments ``round`` and resets ``round_turns``. Then, unless
+    Ending a round increments ``round`` (every hand-back from the Director counts, one
+    with no persona turn too) and resets ``round_turns``. Then, unless
     ``max_rounds`` rounds are complete:
 
     - ``user=None``: the run ends; the caller sends the next message in a new run on the
@@ -50,7 +51,13 @@ def user_node(roster: Roster, user: UserKind, *, max_rounds: int, next_node: str
     others = speaker_labels(*(label for p in roster.personas for label in (p.id, p.name)))
 
     def close_round(state: DirectorState) -> dict[str, Any]:
-        played = 1 if state.get("round_turns", 0) > 0 else 0
+        # A round was played when a persona took a turn, or when the Director handed the
+        # person's message back unanswered (min_speakers_per_round=0): the graph enters
+        # here from START only when the person has not just spoken, so a person's message
+        # last means a hand-back, which must count, or Director and person loop forever.
+        messages = state.get("messages", [])
+        handed_back = bool(messages) and isinstance(messages[-1], HumanMessage)
+        played = 1 if state.get("round_turns", 0) > 0 or handed_back else 0
         return {"round": state.get("round", 0) + played, "round_turns": 0}
 
     def prompt(state: DirectorState) -> list[BaseMessage]:

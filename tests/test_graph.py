@@ -16,7 +16,7 @@ from langgraph.graph import END, START, StateGraph
 from langgraph.graph.message import add_messages
 from langgraph.types import Command
 
-from fakes import ScriptedChat
+from fakes import PromptChat, ScriptedChat
 from mascot.graphs import (
     BASELINES,
     create_baseline_graph,
@@ -126,6 +126,39 @@ def test_model_without_structured_output_is_prompted_for_json(roster, caplog) ->
     state = graph.invoke({"messages": [HumanMessage("hi")]})
     assert persona_turns(state) == [("beacon", "hope")]
     assert "prompted for JSON instead" in caplog.text
+
+
+def test_director_without_structured_output_falls_back_once_and_names_the_model(roster, caplog) -> None:
+    class NoStructuredOutput(ScriptedChat):
+        """A model whose provider has no structured output at all."""
+
+        def with_structured_output(self, schema, **kwargs):
+            raise NotImplementedError("no structured output here")
+
+    director = NoStructuredOutput(replies=[d("beacon"), d("anchor"), d(USER)])
+    builder = create_director_graph(roster, director=director, speakers=ScriptedChat(replies=["hope", "here"]),
+                                    structured_output=True)  # construction asks the model nothing
+    assert director.calls == [] and "prompted for JSON" not in caplog.text
+    state = builder.compile().invoke({"messages": [HumanMessage("hi")]})
+    assert persona_turns(state) == [("beacon", "hope"), ("anchor", "here")]
+    assert state["fallbacks"] == [] and len(director.calls) == 3
+    assert "Reply with one JSON object" in director.calls[0][0].text  # prompted for JSON
+    # three decisions with three different sets of allowed voices, one warning naming the model
+    warnings = [r.getMessage() for r in caplog.records if "prompted for JSON" in r.getMessage()]
+    assert len(warnings) == 1 and "NoStructuredOutput" in warnings[0]
+
+
+def test_hand_back_without_persona_turns_still_ends_the_round(roster) -> None:
+    scenario = load_scenarios("emotional_support")[0]
+    director = PromptChat(reply=lambda prompt: d(USER))  # always hands the person's message back
+    user = PromptChat(reply=lambda prompt: "Are you still there?")
+    graph = create_director_graph(roster, director=director, speakers=ScriptedChat(replies=[]), user=user,
+                                  min_speakers_per_round=0, max_rounds=3).compile()
+    state = graph.invoke({"messages": [], "scenario": scenario.model_dump(),
+                          "user_profile": roster.user_profiles[0].model_dump()}, {"recursion_limit": 25})
+    assert state["round"] == 3
+    assert [m.text for m in state["messages"]] == [scenario.opening, "Are you still there?", "Are you still there?"]
+    assert [x.speaker for x in stage_directions(state)] == [USER] * 3
 
 
 def test_each_persona_speaks_once_per_round(roster) -> None:
