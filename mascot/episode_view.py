@@ -30,7 +30,8 @@ h1{font-size:1.4rem}h2{font-size:1.15rem;margin-top:2.5rem}h3{font-size:1rem;mar
 .score{float:right;font-size:.8rem;color:#333}.flag{color:#b00;font-size:.8rem;margin-left:.5rem}
 .meta{color:#666;font-size:.85rem}
 .wide{width:96vw;margin-left:calc(50% - 48vw)}.pair{border-top:1px solid #ddd;margin-top:1.5rem}
-.cols{display:grid;gap:.6rem;overflow-x:auto;margin-top:.5rem}.colhead{font-weight:600;padding:.2rem 0;border-bottom:2px solid #ddd}"""
+.cols{display:grid;gap:.6rem;overflow-x:auto;margin-top:.5rem}
+.colhead{font-weight:600;padding:.2rem 0;border-bottom:2px solid #ddd}"""
 
 
 def print_episodes(episodes: Sequence[Episode], roster: Roster, console: Console) -> None:

@@ -186,7 +186,8 @@ def _plots(summary: Mapping[str, Any], out: Path) -> list[Path]:
         axes.set_ylabel("score (0-100)")
         axes.set_title(TITLES[table])
         # below the axes: inside, it hides the tallest bars and their error bars
-        figure.legend(fontsize=7, ncol=math.ceil(len(names) / math.ceil(len(names) / 6)), loc="outside lower center", frameon=False)
+        rows = math.ceil(len(names) / 6)
+        figure.legend(fontsize=7, ncol=math.ceil(len(names) / rows), loc="outside lower center", frameon=False)
         written.append(out / f"{table}.png")
         figure.savefig(written[-1], dpi=110)
         plt.close(figure)
