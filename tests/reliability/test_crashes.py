@@ -19,7 +19,7 @@ from mascot.rosters import load_roster
 from mascot.testing.stub_server import StubConfig, StubServer, start_stub_server
 
 from helpers import MASCOT, mascot, records, write_warm_over_curt_pairs
-from suite_tally import count
+from suite_tally import account, count
 
 ROSTER = load_roster("emotional_support")
 EPISODES = 12
@@ -88,7 +88,7 @@ def test_rollout_killed_three_times_then_finished(server: StubServer, uninterrup
     result = restart(args)
     expected = [e["id"] for e in records(uninterrupted["episodes"])]
     got = [e["id"] for e in records(out)]
-    count(items_done=len(set(got)), items_lost=len(set(expected) - set(got)))
+    account(got, expected=expected)
     assert sorted(got) == sorted(expected)  # same ids, each once, nothing torn
     assert "0 failed" in result.stdout and f"({EPISODES - before} new, {before} already there)" in result.stdout
 
@@ -110,7 +110,7 @@ def test_judge_killed_three_times_then_finished(server: StubServer, uninterrupte
     judgements = records(out)
     got = sorted((j["episode_id"], j["turn"]) for j in judgements)
     expected = sorted((j["episode_id"], j["turn"]) for j in reference)
-    count(items_done=len(set(got)), items_lost=len(set(expected) - set(got)))
+    account(got, expected=expected)
     assert got == expected and all(j["status"] == "ok" for j in judgements)
 
     def scores(found: list[dict]) -> list[dict]:
@@ -160,7 +160,7 @@ def test_training_killed_three_times_then_finished(tiny_model: Path, pairs: Path
         count(crashes_survived=1)
     restart(train_args(tiny_model, pairs, out))
     got, expected = trained(out), trained(once)
-    count(items_done=len(got), items_lost=len(set(expected) - set(got)))
+    account(got, expected=expected)
     assert got == expected  # every adapter, trained for as many steps, with the same files
     assert all(load_file(out / p / "adapter_model.safetensors") for p in PERSONAS)
     assert not checkpoints.exists()

@@ -11,15 +11,22 @@ from pathlib import Path
 import pytest
 import yaml
 
-from mascot.rosters import load_roster
+from mascot.rosters import load_roster, load_scenarios
+from mascot.training.rollout import plan_episodes
 from mascot.testing.stub_server import FAULTS, StubConfig, StubServer, start_stub_server
 
 from helpers import mascot, records
-from suite_tally import count
+from suite_tally import account, count
 
 FAULTY = StubConfig(fail_rate=0.3, faults=FAULTS, stall_s=3, retry_after_s=0.2, seed=11)
 TIMEOUT = ["--timeout", "0.5"]
 ROSTER = load_roster("emotional_support")
+
+
+def planned_ids(episodes: int) -> list[str]:
+    """The ids a rollout (or each system of an eval) of ``episodes`` at seed 0 must write, once each."""
+    return [p.id for p in plan_episodes(ROSTER.id, load_scenarios(ROSTER.id), ROSTER.user_profiles,
+                                        episodes=episodes, seed=0)]
 
 
 @pytest.fixture(scope="module")
@@ -45,8 +52,9 @@ def test_rollout_finishes_every_episode_once(rolled_out: tuple[Path, str]) -> No
     out, stdout = rolled_out
     episodes = records(out)
     ids = [e["id"] for e in episodes]
-    count(items_done=len(set(ids)), items_lost=8 - len(set(ids)))
-    assert len(ids) == len(set(ids)) == 8
+    planned = planned_ids(8)
+    account(ids, expected=planned)
+    assert sorted(ids) == sorted(planned)
     assert all(sum(m["role"] == "assistant" for m in e["messages"]) >= 2 for e in episodes)
     assert "rollout: 8/8 episodes" in stdout and "0 failed" in stdout
     assert not out.with_name("episodes.failures.jsonl").exists()
@@ -61,7 +69,7 @@ def test_judge_scores_every_reply_once(rolled_out: tuple[Path, str], server: Stu
     expected = Counter((e["id"], i) for e in records(episodes) for i, m in enumerate(e["messages"])
                        if m["role"] == "assistant" and m.get("name") in ROSTER.persona_ids)
     judged = Counter((j["episode_id"], j["turn"]) for j in records(out))
-    count(items_done=sum(judged.values()), items_lost=len(set(expected) - set(judged)))
+    account(list(judged.elements()), expected=expected)
     assert judged == Counter(set(expected)), "every persona reply judged exactly once"
     assert all(j["status"] == "ok" and j["scores"] for j in records(out))
 
@@ -71,6 +79,7 @@ def test_eval_judges_every_episode_of_every_system(server: StubServer, tmp_path:
     served = {"kind": "openai", "base_url": server.url, "model": "stub", "timeout": 0.5, "max_retries": 3}
     policies.write_text(yaml.safe_dump({"version": 1, "defaults": served, "roles": {"default": {}}}))
     out = tmp_path / "eval"
+    planned = planned_ids(2)
     result = mascot("eval", "--roster", ROSTER.id, "--policies", str(policies), "--baselines", "round_robin",
                     "--episodes", "2", "--max-rounds", "1", "--judge-model", "stub", "--judge-base-url", server.url,
                     "--concurrency", "3", "--out", str(out))
@@ -78,9 +87,10 @@ def test_eval_judges_every_episode_of_every_system(server: StubServer, tmp_path:
     for system in ("trained", "round_robin"):
         ids = [e["id"] for e in records(out / "episodes" / f"{system}.jsonl")]
         judgements = records(out / "judgements" / f"{system}.jsonl")
-        count(items_done=len(set(ids)) + len(judgements), items_lost=2 - len(set(ids)))
-        assert len(ids) == len(set(ids)) == 2
+        account(ids, expected=planned)
+        assert sorted(ids) == sorted(planned)
         assert judgements and all(j["status"] == "ok" for j in judgements)
-        keys = [(j["episode_id"], j["rubric"], j.get("turn"), j.get("block")) for j in judgements]
+        keys = [(j["episode_id"], j["rubric"], j["turn"], j["block_start"]) for j in judgements]
+        account(keys, expected=set(keys))  # each judged target once
         assert len(keys) == len(set(keys))
     assert (out / "report.md").is_file()
