@@ -57,11 +57,25 @@ def test_interactive_chat_reads_turns_until_quit(tiny_model: Path) -> None:
     assert len(re.findall(r"^\[(\w+)\] ", result.stdout, flags=re.M)) >= 4
 
 
-def test_tiny_model_command(tmp_path: Path) -> None:
+def test_tiny_model_command(tmp_path: Path, roster) -> None:
+    from mascot.policies import Policies
+
     result = run("tiny-model", "--out", str(tmp_path / "m"), "--arch", "llama")
     assert result.returncode == 0, result.stderr
     config = json.loads((tmp_path / "m" / "config.json").read_text())
     assert config["model_type"] == "llama" and config["hidden_size"] == 64
+    # a policy file even without adapters: the base model answers for every role
+    policy_file = tmp_path / "m" / "policies.yaml"
+    assert f"policy file {policy_file}" in result.stdout
+    policies = Policies.from_file(policy_file, roster)
+    assert {policies.spec(role).model for role in ("director", "user", *roster.persona_ids)} == {str(tmp_path / "m")}
+    assert policies.spec("anchor").adapter is None and not (tmp_path / "m" / "adapters").exists()
+    result = run("tiny-model", "--out", str(tmp_path / "m"), "--arch", "llama", "--with-adapters")
+    assert result.returncode == 0, result.stderr
+    assert f"policy file {policy_file}" in result.stdout
+    policies = Policies.from_file(policy_file, roster)
+    assert policies.spec("anchor").adapter == str(tmp_path / "m" / "adapters" / "anchor")
+    assert policies.spec("director").adapter is None
 
 
 def test_graph_command() -> None:

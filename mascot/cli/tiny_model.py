@@ -13,18 +13,21 @@ def add_commands(commands: argparse._SubParsersAction) -> None:
     tiny.add_argument("--out", required=True, metavar="DIR")
     tiny.add_argument("--arch", choices=("qwen3", "llama"), default="qwen3")
     tiny.add_argument("--with-adapters", action="store_true",
-                      help="also save a non-zero LoRA adapter per persona and policies.yaml")
+                      help="also save a non-zero LoRA adapter per persona, named in policies.yaml")
     tiny.add_argument("--roster", default="emotional_support", metavar="ID_OR_PATH")
     tiny.add_argument("--seed", type=int, default=0)
     tiny.set_defaults(run=_tiny_model)
 
 
 def _tiny_model(args: argparse.Namespace) -> int:
-    from mascot.testing.tiny_model import build_tiny_model  # needs the train extra (torch)
+    from mascot.testing.tiny_model import POLICY_FILE, build_tiny_model  # needs the train extra (torch)
 
     path = build_tiny_model(args.out, arch=args.arch, with_adapters=args.with_adapters,
                             roster=args.roster, seed=args.seed)
     out.print(f"tiny {args.arch} model written to {path}", markup=False)
+    roles = "every role on this model"
     if args.with_adapters:
-        out.print(f"adapters in {path / 'adapters'}; policy file {path / 'policies.yaml'}", markup=False)
+        out.print(f"adapters in {path / 'adapters'}", markup=False)
+        roles += ", each persona with its adapter"
+    out.print(f"policy file {path / POLICY_FILE} ({roles}): --policies {path / POLICY_FILE}", markup=False)
     return 0

@@ -26,6 +26,8 @@ from mascot.rosters import Roster, list_rosters, load_roster, load_scenarios
 logger = logging.getLogger(__name__)
 
 ARCHITECTURES = ("qwen3", "llama")
+#: The policy file written beside the model (``DIR/policies.yaml``).
+POLICY_FILE = "policies.yaml"
 #: ChatML with Qwen3's thinking switch. As in Qwen3's template, an assistant reply that ends
 #: the conversation after the last user message opens with an empty think block, and so
 #: does the generation prompt when ``enable_thinking`` is false; then a prompt rendered
@@ -84,12 +86,13 @@ def build_tiny_model(
         arch: ``qwen3`` (default) or ``llama``.
         with_adapters: Also save one LoRA adapter per persona of ``roster`` under
             ``out/adapters/<persona id>``, initialised to non-zero weights so that each
-            changes the output, and a ``policies.yaml`` that maps personas to them.
+            changes the output, and map the personas to them in ``policies.yaml``.
         roster: The roster whose personas get adapters.
         seed: Seed of the random weights.
 
     Returns:
-        The output directory.
+        The output directory. It always holds ``policies.yaml``, a policy file with the
+        model for every role (``Policies.from_file(out / "policies.yaml", roster)``).
 
     Raises:
         ValueError: on an unknown architecture.
@@ -116,9 +119,13 @@ def build_tiny_model(
     )
     with quiet_loading():
         model.save_pretrained(out)
+    roles: dict[str, dict[str, str]] = {"default": {}}
     if with_adapters:
         roster = roster if isinstance(roster, Roster) else load_roster(roster)
         _save_adapters(model, roster, out, seed=seed)
+        roles.update({pid: {"adapter": f"adapters/{pid}", "version": "tiny-1"} for pid in roster.persona_ids})
+    policies = {"version": 1, "defaults": {"kind": "local", "model": "."}, "roles": roles}
+    (out / POLICY_FILE).write_text(yaml.safe_dump(policies, sort_keys=False), encoding="utf-8")
     logger.info("tiny %s model written to %s", arch, out)
     return out
 
@@ -173,13 +180,4 @@ def _save_adapters(model: torch.nn.Module, roster: Roster, out: Path, *, seed: i
         for persona_id in ids[1:]:
             peft_model.add_adapter(persona_id, config)
         peft_model.save_pretrained(out / "adapters")
-    policies = {
-        "version": 1,
-        "defaults": {"kind": "local", "model": "."},
-        "roles": {
-            "default": {},
-            **{pid: {"adapter": f"adapters/{pid}", "version": "tiny-1"} for pid in ids},
-        },
-    }
-    (out / "policies.yaml").write_text(yaml.safe_dump(policies, sort_keys=False), encoding="utf-8")
 
