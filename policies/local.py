@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from safetensors import SafetensorError
 from transformers import LogitsProcessorList, TextIteratorStreamer
 
 from mascot.policies.batcher import Job, MicroBatcher
@@ -155,11 +156,15 @@ class LocalBackend:
                    batch_window_s=batch_window_s)
 
     def load_adapter(self, name: str, path: str | Path, *, version: str | None = None) -> None:
-        """Load (or replace) the PEFT adapter ``name`` from ``path`` while serving.
+        """Load the PEFT adapter ``name`` from ``path`` while serving; waits for the batch
+        or stream step in progress.
 
-        Waits for the generation in progress; a replaced adapter is swapped under the lock.
+        A name already loaded is refused, as vLLM refuses it: a request that started on
+        one version must not finish on another, so a new version is unloaded and loaded
+        (``serving.reload_adapters`` does).
 
         Raises:
+            ValueError: if an adapter of that name is already loaded.
             LocalModelError: if ``path`` holds no PEFT adapter or it does not fit the base.
         """
         if not Path(path, "adapter_config.json").is_file():
@@ -167,15 +172,16 @@ class LocalBackend:
         from peft import PeftModel
 
         with self._lock, quiet_loading():
+            if name in self.adapter_versions:  # checked under the lock: two loads may race
+                raise ValueError(f"adapter '{name}' is already loaded; unload it first")
             try:
                 if not isinstance(self.model, PeftModel):
                     self.model = PeftModel.from_pretrained(self.model, str(path), adapter_name=name)
                 else:
-                    if name in self.adapter_versions:
-                        self.model.delete_adapter(name)
                     self.model.load_adapter(str(path), adapter_name=name)
-            except (ValueError, KeyError, RuntimeError, OSError) as exc:
-                self.adapter_versions.pop(name, None)
+            except (ValueError, KeyError, RuntimeError, OSError, SafetensorError) as exc:
+                if isinstance(self.model, PeftModel) and name in self.model.peft_config:
+                    self.model.delete_adapter(name)  # PEFT keeps a half-loaded adapter's layers
                 raise LocalModelError(f"adapter '{name}' at {path} does not load: {str(exc).splitlines()[0]}") from None
             self.model.eval()
             self.adapter_versions[name] = version

@@ -20,6 +20,7 @@ import asyncio
 import hmac
 import json
 import logging
+import os
 import time
 import uuid
 from collections.abc import AsyncIterator, Iterator
@@ -240,14 +241,18 @@ def create_app(
             return _error(404, "runtime adapter loading is disabled on this server", "NotFoundError")
         if body.lora_name == base_name:
             return _error(400, f"'{body.lora_name}' is the base model's name", "BadRequestError", param="lora_name")
+        if body.lora_name in backend.adapters:
+            return _already_loaded(body.lora_name)
         path = _confined(body.lora_path, root)
         if path is None:
-            return _error(400, f"lora_path must be a folder inside the adapters folder {root}", "BadRequestError",
+            return _error(400, "lora_path must be a folder inside the adapters folder", "BadRequestError",
                           param="lora_path")
         try:
             await asyncio.to_thread(backend.load_adapter, body.lora_name, path, version=_version(path))
         except LocalModelError as exc:
-            return _error(400, str(exc), "BadRequestError", param="lora_path")
+            return _error(400, _hide_folder(str(exc), root), "BadRequestError", param="lora_path")
+        except ValueError:  # a concurrent request loaded the name first
+            return _already_loaded(body.lora_name)
         return PlainTextResponse(f"Success: LoRA adapter '{body.lora_name}' added successfully.")
 
     @app.post("/v1/unload_lora_adapter", response_model=None)
@@ -332,6 +337,20 @@ def _confined(given: str, root: Path) -> Path | None:
         return None
     path = (root / given).resolve()
     return path if path.is_relative_to(root) and path != root and path.is_dir() else None
+
+
+def _already_loaded(name: str) -> JSONResponse:
+    """vLLM's refusal of a name already loaded (replacing it would switch the weights
+    under requests already using it)."""
+    return _error(400, f"The lora adapter '{name}' has already been loaded; unload it first "
+                       "(POST /v1/unload_lora_adapter) to load a new version under this name.",
+                  "BadRequestError", param="lora_name")
+
+
+def _hide_folder(message: str, root: Path) -> str:
+    """``message`` with paths made relative to the adapters folder ``root``: a client
+    names adapters relative to it and need not learn where the server keeps its files."""
+    return message.replace(f"{root}{os.sep}", "").replace(str(root), "the adapters folder")
 
 
 def _version(path: Path) -> str | None:

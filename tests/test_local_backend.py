@@ -349,3 +349,15 @@ def _outcome(call: object) -> object:
         return call()  # type: ignore[operator]
     except ValueError as exc:
         return exc
+
+
+def test_loading_a_name_already_loaded_is_refused(tiny_model: Path) -> None:
+    backend = LocalBackend.load(str(tiny_model), adapters={"anchor": tiny_model / "adapters/anchor"})
+    before = backend.generate([CONVERSATION], adapters=["anchor"], temperature=0, max_new_tokens=8)
+    with pytest.raises(ValueError, match="adapter 'anchor' is already loaded; unload it first"):
+        backend.load_adapter("anchor", tiny_model / "adapters/catalyst")
+    assert backend.generate([CONVERSATION], adapters=["anchor"], temperature=0, max_new_tokens=8) == before
+    backend.unload_adapter("anchor")  # a new version under the same name: unload, then load
+    backend.load_adapter("anchor", tiny_model / "adapters/catalyst", version="2")
+    assert backend.generate([CONVERSATION], adapters=["anchor"], temperature=0, max_new_tokens=8) != before
+    assert backend.adapter_versions == {"anchor": "2"}

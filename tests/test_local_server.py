@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import socket
@@ -150,6 +151,43 @@ def test_adapter_paths_cannot_escape_the_adapters_folder(server: str, served: Se
         assert response.status_code == 400 and response.json()["error"]["param"] == "lora_path", path
     assert httpx.post(server + "/load_lora_adapter", headers=auth,
                       json={"lora_name": "../x", "lora_path": "adapters/anchor"}).status_code == 400
+
+
+def test_loading_a_name_already_loaded_is_refused(server: str, served: ServedPolicies) -> None:
+    prompt = [("user", "I failed my exam again.")]
+    before = chat(server, "anchor", max_tokens=8).invoke(prompt).content
+    auth = {"Authorization": f"Bearer {KEY}"}
+    again = httpx.post(server + "/load_lora_adapter", headers=auth,
+                       json={"lora_name": "anchor", "lora_path": "adapters/catalyst"})
+    assert again.status_code == 400, again.text
+    error = again.json()["error"]
+    assert error["type"] == "BadRequestError" and error["param"] == "lora_name"
+    assert "'anchor' has already been loaded" in error["message"] and "unload" in error["message"]
+    assert chat(server, "anchor", max_tokens=8).invoke(prompt).content == before  # not replaced
+
+
+def test_error_bodies_never_show_the_adapters_folder(server: str, served: ServedPolicies) -> None:
+    root = served.source.parent
+    empty, broken, misfit = (root / "adapters" / name for name in ("empty", "broken", "misfit"))
+    empty.mkdir(exist_ok=True)
+    shutil.copytree(root / "adapters" / "anchor", broken, dirs_exist_ok=True)
+    (broken / "adapter_model.safetensors").write_bytes(b"not a safetensors file")
+    shutil.copytree(root / "adapters" / "anchor", misfit, dirs_exist_ok=True)
+    config = json.loads((misfit / "adapter_config.json").read_text())
+    (misfit / "adapter_config.json").write_text(json.dumps({**config, "target_modules": ["no_such_proj"]}))
+    auth = {"Authorization": f"Bearer {KEY}"}
+    loads = [("out", "../../elsewhere"), ("out", "/etc"), ("out", "adapters/missing"), ("anchor", "adapters/anchor"),
+             ("empty", "adapters/empty"), ("empty", str(empty)), ("broken", "adapters/broken"),
+             ("misfit", "adapters/misfit")]
+    messages = []
+    for name, path in loads:
+        response = httpx.post(server + "/load_lora_adapter", headers=auth, json={"lora_name": name, "lora_path": path})
+        assert response.status_code == 400, (path, response.text)
+        assert str(root) not in response.text and str(root.resolve()) not in response.text, response.text
+        messages.append(response.json()["error"]["message"])
+    assert "the adapters folder" in messages[0] and "adapters/empty" in messages[4], messages
+    assert {m.id for m in openai.OpenAI(base_url=server, api_key=KEY).models.list().data} == {"tiny", "anchor",
+                                                                                             "catalyst"}
 
 
 def test_reload_pushes_the_policy_files_adapters(server: str, served: ServedPolicies) -> None:
