@@ -1,15 +1,33 @@
-"""Pydantic models of a roster: personas, director guidance, user profiles, scenarios."""
+"""Pydantic models of a roster: personas, director guidance, user profiles, scenarios.
+
+Every field carries a ``description``: the README's schema reference and the commented
+``roster.yaml`` that ``mascot rosters new`` writes are generated from them.
+"""
 
 from __future__ import annotations
 
-from typing import Literal, TypeVar
+from typing import Annotated, Literal, TypeVar
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator
 
 #: Reserved speaker id that hands the turn back to the person in the conversation.
 USER = "user"
 
-_ID_PATTERN = r"^[a-z][a-z0-9_]{0,39}$"
+#: Ids no persona may take, each with the reason. A persona id is its graph node's name
+#: and its policy role, so it must differ from the graphs' other nodes (mascot.graphs:
+#: ``DIRECTOR_NODE``, ``USER_NODE``, the single baseline's ``assistant``) and from the
+#: policy file's fixed roles (mascot.policies ``FIXED_ROLES``); tests keep these in step.
+RESERVED_IDS: dict[str, str] = {
+    "director": "it names the Director's node in the graph",
+    USER: "it names the person's turn in the graph (the speaker that hands the turn back)",
+    "assistant": "it names the single baseline's assistant node in the graph",
+    "judge": "it names the judge's role in a policy file",
+    "default": "it names the fallback role in a policy file",
+}
+
+ID_PATTERN = r"^[a-z][a-z0-9_]{0,39}$"
+SCENARIO_ID_PATTERN = r"^[a-z0-9][a-z0-9_\-]{0,59}$"
+_ID_RULE = "a lower-case letter, then lower-case letters, digits or `_`; 40 characters at most"
 _MAX_PERSONAS = 12
 _MAX_TEXT = 4000
 
@@ -21,33 +39,27 @@ class _Strict(BaseModel):
 
 
 class Persona(_Strict):
-    """One speaker of the ensemble.
+    """One speaker of the ensemble: an item of the roster's `personas` list."""
 
-    Attributes:
-        id: Stable identifier (lower snake case); also the LangGraph node name and the
-            ``name`` of every message the persona writes.
-        name: Display name, e.g. ``The Anchor``.
-        role: Short role label, e.g. ``emotional validator``.
-        persona: The persona text: traits, outlook, what the persona brings.
-        goals: What the persona tries to achieve in a conversation.
-        style: How the persona speaks.
-        boundaries: What the persona never does.
-    """
-
-    id: str = Field(pattern=_ID_PATTERN)
-    name: str = Field(min_length=1, max_length=60)
-    role: str = Field(min_length=1, max_length=80)
-    persona: str = Field(min_length=40, max_length=_MAX_TEXT)
-    goals: list[str] = Field(min_length=1, max_length=10)
-    style: str = Field(min_length=1, max_length=_MAX_TEXT)
-    boundaries: list[str] = Field(min_length=1, max_length=10)
-
-    @field_validator("id")
-    @classmethod
-    def _not_reserved(cls, value: str) -> str:
-        if value == USER:
-            raise ValueError(f"'{USER}' is reserved for the person in the conversation")
-        return value
+    id: str = Field(
+        pattern=ID_PATTERN,
+        description=f"Stable identifier ({_ID_RULE}); also the persona's graph node, policy role and the "
+        f"`name` of every message it writes. Unique in the roster. Reserved: "
+        f"{', '.join(f'`{i}`' for i in RESERVED_IDS)}.",
+    )
+    name: str = Field(min_length=1, max_length=60,
+                      description="Display name, e.g. `The Anchor`. Unique in the roster (ignoring case).")
+    role: str = Field(min_length=1, max_length=80, description="Short role label, e.g. `emotional validator`.")
+    persona: str = Field(min_length=40, max_length=_MAX_TEXT,
+                         description="The persona text: traits, outlook, what this persona brings that the "
+                                     "others do not.")
+    goals: list[str] = Field(min_length=1, max_length=10,
+                             description="What the persona tries to achieve in a conversation; each item "
+                                         "non-empty text.")
+    style: str = Field(min_length=1, max_length=_MAX_TEXT,
+                       description="How the persona speaks: length, wording, typical moves.")
+    boundaries: list[str] = Field(min_length=1, max_length=10,
+                                  description="What the persona never does; each item non-empty text.")
 
     @field_validator("goals", "boundaries")
     @classmethod
@@ -58,19 +70,21 @@ class Persona(_Strict):
 
 
 class DirectorGuidance(_Strict):
-    """What the Director should optimise for in this domain."""
+    """What the Director should optimise for in this domain: the roster's `director` mapping."""
 
-    guidance: str = Field(min_length=20, max_length=_MAX_TEXT)
+    guidance: str = Field(min_length=20, max_length=_MAX_TEXT,
+                          description="Instructions for the Director: who should speak when, what a good "
+                                      "conversation in this domain looks like, what to avoid.")
 
 
 class Ocean(_Strict):
-    """Big Five (OCEAN) trait scores, each from 0.0 (low) to 1.0 (high)."""
+    """Big Five (OCEAN) trait scores of a user profile: its `ocean` mapping."""
 
-    openness: float = Field(ge=0.0, le=1.0)
-    conscientiousness: float = Field(ge=0.0, le=1.0)
-    extraversion: float = Field(ge=0.0, le=1.0)
-    agreeableness: float = Field(ge=0.0, le=1.0)
-    neuroticism: float = Field(ge=0.0, le=1.0)
+    openness: float = Field(ge=0.0, le=1.0, description="Openness to experience, 0.0 (low) to 1.0 (high).")
+    conscientiousness: float = Field(ge=0.0, le=1.0, description="Conscientiousness, 0.0 (low) to 1.0 (high).")
+    extraversion: float = Field(ge=0.0, le=1.0, description="Extraversion, 0.0 (low) to 1.0 (high).")
+    agreeableness: float = Field(ge=0.0, le=1.0, description="Agreeableness, 0.0 (low) to 1.0 (high).")
+    neuroticism: float = Field(ge=0.0, le=1.0, description="Neuroticism, 0.0 (low) to 1.0 (high).")
 
     def describe(self) -> str:
         """Return the traits as short words a simulator prompt can use."""
@@ -82,51 +96,71 @@ class Ocean(_Strict):
 
 
 class UserProfile(_Strict):
-    """A person the user simulator can play."""
+    """A person the user simulator can play: an item of the roster's `user_profiles` list."""
 
-    id: str = Field(pattern=_ID_PATTERN)
-    name: str = Field(min_length=1, max_length=60)
-    ocean: Ocean
-    situation: str = Field(min_length=10, max_length=_MAX_TEXT)
-    style: str = Field(min_length=1, max_length=_MAX_TEXT)
+    id: str = Field(pattern=ID_PATTERN, description=f"Stable identifier ({_ID_RULE}); unique in the roster.")
+    name: str = Field(min_length=1, max_length=60, description="The person's first name, e.g. `Maya`.")
+    ocean: Ocean = Field(description="Big Five trait scores: a mapping of all five traits.")
+    situation: str = Field(min_length=10, max_length=_MAX_TEXT,
+                           description="Who the person is and what they are dealing with.")
+    style: str = Field(min_length=1, max_length=_MAX_TEXT, description="How the person writes their messages.")
 
 
 class Scenario(_Strict):
-    """An opening situation: what the person says first and what lies behind it."""
+    """An opening situation: one JSON object per line of `scenarios.jsonl`."""
 
-    id: str = Field(pattern=r"^[a-z0-9][a-z0-9_\-]{0,59}$")
-    opening: str = Field(min_length=5, max_length=_MAX_TEXT)
-    context: str = Field(min_length=5, max_length=_MAX_TEXT)
-    valence: Literal["negative", "mixed", "positive"]
-    difficulty: Literal["easy", "medium", "hard"]
-    topics: list[str] = Field(default_factory=list, max_length=10)
+    id: str = Field(pattern=SCENARIO_ID_PATTERN,
+                    description="Stable identifier: a lower-case letter or digit, then lower-case letters, "
+                                "digits, `_` or `-`; 60 characters at most; unique in the file.")
+    opening: str = Field(min_length=5, max_length=_MAX_TEXT, description="What the person says first.")
+    context: str = Field(min_length=5, max_length=_MAX_TEXT,
+                         description="What lies behind the opening (the simulated person knows it; the "
+                                     "personas do not).")
+    valence: Literal["negative", "mixed", "positive"] = Field(description="The emotional tone of the situation.")
+    difficulty: Literal["easy", "medium", "hard"] = Field(description="How hard the conversation is to get right.")
+    topics: list[str] = Field(default_factory=list, max_length=10, description="Short topic tags.")
+
+
+def _not_reserved(persona: Persona) -> Persona:
+    """Refuse a reserved id in a roster (not in ``Persona``: the single baseline's
+    assistant is a persona, outside any roster file)."""
+    if persona.id in RESERVED_IDS:
+        raise ValueError(f"persona id '{persona.id}' is reserved: {RESERVED_IDS[persona.id]}; choose another id")
+    return persona
 
 
 _Item = TypeVar("_Item", Persona, UserProfile)
 
 
 class Roster(_Strict):
-    """A persona ensemble for one domain, with director guidance and user profiles."""
+    """A persona ensemble for one domain, with director guidance and user profiles: all of `roster.yaml`."""
 
-    id: str = Field(pattern=_ID_PATTERN)
-    version: int = Field(ge=1)
-    domain: str = Field(min_length=1, max_length=80)
-    description: str = Field(min_length=1, max_length=_MAX_TEXT)
-    personas: list[Persona] = Field(min_length=2, max_length=_MAX_PERSONAS)
-    director: DirectorGuidance
-    user_profiles: list[UserProfile] = Field(min_length=1, max_length=100)
+    id: str = Field(pattern=ID_PATTERN, description=f"Stable identifier ({_ID_RULE}).")
+    version: int = Field(ge=1, description="Version of this roster, a whole number; raise it when personas change.")
+    domain: str = Field(min_length=1, max_length=80, description="The domain in a few words, e.g. `emotional support`.")
+    description: str = Field(min_length=1, max_length=_MAX_TEXT,
+                             description="What the ensemble is for and how its voices complement each other.")
+    personas: list[Annotated[Persona, AfterValidator(_not_reserved)]] = Field(
+        min_length=2, max_length=_MAX_PERSONAS, description="The speakers; ids and names unique, ids not reserved."
+    )
+    director: DirectorGuidance = Field(description="Guidance for the Director: a mapping with `guidance`.")
+    user_profiles: list[UserProfile] = Field(min_length=1, max_length=100,
+                                             description="The people the user simulator plays; ids unique.")
 
-    @model_validator(mode="after")
-    def _unique_ids(self) -> Roster:
-        for label, ids in (
-            ("persona id", [p.id for p in self.personas]),
-            ("persona name", [p.name.lower() for p in self.personas]),
-            ("user profile id", [u.id for u in self.user_profiles]),
-        ):
-            duplicates = sorted({i for i in ids if ids.count(i) > 1})
-            if duplicates:
-                raise ValueError(f"duplicate {label}: {', '.join(duplicates)}")
-        return self
+    # field validators, not one model validator: they run even when another field is
+    # invalid, so a file's duplicates are reported together with its other problems
+    @field_validator("personas")
+    @classmethod
+    def _unique_personas(cls, personas: list[Persona]) -> list[Persona]:
+        _refuse_duplicates("persona id", [p.id for p in personas])
+        _refuse_duplicates("persona name", [p.name.lower() for p in personas])
+        return personas
+
+    @field_validator("user_profiles")
+    @classmethod
+    def _unique_profiles(cls, profiles: list[UserProfile]) -> list[UserProfile]:
+        _refuse_duplicates("user profile id", [u.id for u in profiles])
+        return profiles
 
     @property
     def persona_ids(self) -> list[str]:
@@ -148,6 +182,12 @@ class Roster(_Strict):
             KeyError: if the roster has no such profile; the message lists the valid ids.
         """
         return _by_id(self.user_profiles, profile_id, "user profile")
+
+
+def _refuse_duplicates(label: str, ids: list[str]) -> None:
+    duplicates = sorted({i for i in ids if ids.count(i) > 1})
+    if duplicates:
+        raise ValueError(f"duplicate {label}: {', '.join(duplicates)}")
 
 
 def _by_id(items: list[_Item], item_id: str, kind: str) -> _Item:

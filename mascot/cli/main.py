@@ -37,7 +37,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     try:
         return args.run(args)
-    except (UsageError, RosterError, PolicyError, JsonlError, CheckpointImportError, RolloutError,
+    except RosterError as exc:  # a file with several problems: one line each
+        return _fail(exc.summary, exc.problems)
+    except (UsageError, PolicyError, JsonlError, CheckpointImportError, RolloutError,
             RubricError, PairsError, OfflineModelError, FileNotFoundError) as exc:
         return _fail(str(exc))
     except openai.APIConnectionError as exc:
@@ -56,11 +58,17 @@ class _ConsoleHandler(logging.Handler):
         err.print(self.format(record), markup=False)
 
 
-def _fail(message: str) -> int:
-    """Print one error line (line breaks and control characters from the input escaped); exit code 2."""
-    one_line = "".join(c if c.isprintable() else c.encode("unicode_escape").decode() for c in masked(message))
-    err.print(f"mascot: error: {one_line}", markup=False)
+def _fail(message: str, details: Sequence[str] = ()) -> int:
+    """Print one error line, then one indented line per detail (line breaks and control
+    characters from the input escaped within each); exit code 2."""
+    err.print(f"mascot: error: {_one_line(message)}", markup=False)
+    for detail in details:
+        err.print(f"  {_one_line(detail)}", markup=False)
     return 2
+
+
+def _one_line(text: str) -> str:
+    return "".join(c if c.isprintable() else c.encode("unicode_escape").decode() for c in masked(text))
 
 
 def _parser() -> argparse.ArgumentParser:

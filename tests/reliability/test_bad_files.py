@@ -1,11 +1,13 @@
 """Bad files: fuzzed rosters, policy files, rubrics and training recipes (wrong types,
 missing fields, duplicate ids, unknown keys, cut-off text, stray bytes) and hostile ones
 (10 MB, alias bombs, recursive aliases, deep nesting, non-UTF-8) get one clear error line
-and exit code 2 from the command line, every time, in bounded time and memory."""
+(a file with several problems: that line, ``FILE: N problems:``, then one indented line
+per problem) and exit code 2 from the command line, every time, in bounded time and memory."""
 
 from __future__ import annotations
 
 import copy
+import re
 import time
 import tracemalloc
 from collections.abc import Callable
@@ -76,8 +78,18 @@ def run(args: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str, 
 def assert_refused(code: int, stderr: str, path: Path) -> None:
     lines = [line for line in stderr.splitlines() if line.strip()]
     assert code == 2, stderr
-    assert len(lines) == 1 and lines[0].startswith("mascot: error:"), stderr
+    assert_one_error(stderr)
     assert "Traceback" not in stderr and str(path.name) in lines[0], stderr
+
+
+def assert_one_error(stderr: str) -> None:
+    """One ``mascot: error:`` line, or its ``N problems:`` summary and exactly N indented lines."""
+    lines = [line for line in stderr.splitlines() if line.strip()]
+    assert lines and lines[0].startswith("mascot: error:"), stderr
+    several = re.search(r": (\d+) problems:$", lines[0])
+    problems = int(several.group(1)) if several else 0
+    assert problems != 1 and len(lines) == 1 + problems, stderr
+    assert all(line.startswith("  ") and not line.startswith("   ") for line in lines[1:]), stderr
 
 
 def _bomb() -> bytes:
@@ -176,7 +188,7 @@ def test_fuzzed_files_pass_or_fail_in_one_line(data: st.DataObject, kind: str, t
     if code != 0:
         assert_refused(code, stderr, path) if "--in" not in stderr and "needs --pairs" not in stderr else None
         assert code == 2 and "Traceback" not in stderr
-        assert len([line for line in stderr.splitlines() if line.strip()]) == 1, stderr
+        assert_one_error(stderr)
     assert seconds < 5 and peak < 64
 
 
