@@ -7,8 +7,10 @@ from mascot.rosters.loader import (
     load_roster,
     load_scenarios,
     roster_path,
+    scenario_path,
 )
 from mascot.rosters.models import (
+    RESERVED_IDS,
     USER,
     DirectorGuidance,
     Ocean,
@@ -17,8 +19,11 @@ from mascot.rosters.models import (
     Scenario,
     UserProfile,
 )
+from mascot.rosters.reference import schema_reference
+from mascot.rosters.scaffold import scaffold_roster
 
 __all__ = [
+    "RESERVED_IDS",
     "USER",
     "DirectorGuidance",
     "Ocean",
@@ -32,4 +37,7 @@ __all__ = [
     "load_roster",
     "load_scenarios",
     "roster_path",
+    "scaffold_roster",
+    "scenario_path",
+    "schema_reference",
 ]

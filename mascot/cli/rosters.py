@@ -1,26 +1,39 @@
-"""``mascot rosters``: list, show and check persona rosters."""
+"""``mascot rosters``: list, show, check and start persona rosters; print their schema."""
 
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 
 import yaml
 
-from mascot.cli.options import out
-from mascot.rosters import list_rosters, load_roster, load_scenarios, roster_path
+from mascot.cli.options import UsageError, err, out
+from mascot.rosters import list_rosters, load_roster, load_scenarios, roster_path, scenario_path
+from mascot.rosters.reference import schema_reference, with_reference
+from mascot.rosters.scaffold import scaffold_roster
 
 
 def add_commands(commands: argparse._SubParsersAction) -> None:
-    """Add ``rosters``, ``rosters show`` and ``rosters check``."""
-    rosters = commands.add_parser("rosters", help="list, show or check persona rosters")
+    """Add ``rosters``, ``rosters show``, ``rosters check``, ``rosters new`` and ``rosters schema``."""
+    rosters = commands.add_parser("rosters", help="list, show, check or start persona rosters")
     rosters.set_defaults(run=_rosters_list)
     roster_commands = rosters.add_subparsers(metavar="ACTION")
     show = roster_commands.add_parser("show", help="print one roster")
     show.add_argument("roster", metavar="ID_OR_PATH")
     show.set_defaults(run=_rosters_show)
-    check = roster_commands.add_parser("check", help="validate a roster file (exit 0 or 2)")
-    check.add_argument("path", metavar="PATH")
+    check = roster_commands.add_parser(
+        "check", help="validate a roster folder or file and the scenarios.jsonl beside it (exit 0 or 2)")
+    check.add_argument("path", metavar="PATH", help="a roster folder, its roster.yaml, or a shipped id")
     check.set_defaults(run=_rosters_check)
+    new = roster_commands.add_parser(
+        "new", help="write a new roster folder to edit: a commented roster.yaml and scenarios.jsonl")
+    new.add_argument("roster_id", metavar="ID", help="the new roster's id, e.g. study_group")
+    new.add_argument("--out", required=True, metavar="DIR", help="folder to create (new or empty)")
+    new.set_defaults(run=_rosters_new)
+    schema = roster_commands.add_parser("schema", help="print the roster schema reference (Markdown)")
+    schema.add_argument("--write", metavar="FILE",
+                        help="replace the reference between the roster-schema markers in FILE (the README)")
+    schema.set_defaults(run=_rosters_schema)
 
 
 def _rosters_list(args: argparse.Namespace) -> int:
@@ -42,8 +55,37 @@ def _rosters_check(args: argparse.Namespace) -> int:
     roster = load_roster(path)
     summary = f"{path}: OK, roster '{roster.id}' with {len(roster.personas)} personas, " \
               f"{len(roster.user_profiles)} user profiles"
-    scenarios = path.parent / "scenarios.jsonl"
+    scenarios = scenario_path(path)
     if scenarios.is_file():
-        summary += f", {len(load_scenarios(scenarios))} scenarios"
+        out.print(f"{summary}, {len(load_scenarios(scenarios))} scenarios", markup=False)
+        return 0
     out.print(summary, markup=False)
+    err.print(f"mascot: warning: no scenario file at {scenarios}: chat works without it; rollout needs it "
+              "there or --scenarios FILE.jsonl", markup=False)
+    return 0
+
+
+def _rosters_new(args: argparse.Namespace) -> int:
+    roster_file, scenario_file = scaffold_roster(args.roster_id, args.out)
+    out.print(f"wrote {roster_file} and {scenario_file}; edit them, then run: "
+              f"mascot rosters check {roster_file.parent}", markup=False)
+    return 0
+
+
+def _rosters_schema(args: argparse.Namespace) -> int:
+    if args.write is None:
+        out.print(schema_reference(), markup=False, end="")
+        return 0
+    target = Path(args.write)
+    try:
+        document = target.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise UsageError(f"--write: cannot read {target} ({exc.strerror or exc})") from None
+    try:
+        updated = with_reference(document)
+    except ValueError as exc:
+        raise UsageError(f"--write {target}: {exc}") from None
+    target.write_text(updated, encoding="utf-8")
+    out.print(f"{target}: roster schema reference {'unchanged' if updated == document else 'updated'}",
+              markup=False)
     return 0
