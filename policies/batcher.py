@@ -14,6 +14,7 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
@@ -43,7 +44,7 @@ class MicroBatcher(Generic[P]):
             job, a result or an exception for that job's caller alone; if it raises, every
             caller of the batch gets that exception.
         lock: Held while a batch runs (the model's lock, which other users of the model
-            take too).
+            take too: adapter changes and each step of a stream).
         max_batch: Most rows in one batch; 1 serves calls one at a time.
         batch_window_s: Longest wait for more calls to join a batch under load.
 
@@ -54,7 +55,7 @@ class MicroBatcher(Generic[P]):
     def __init__(
         self,
         run: Callable[[list[Job[P]]], list[Any]],
-        lock: threading.Lock,
+        lock: AbstractContextManager[Any],
         *,
         max_batch: int = 8,
         batch_window_s: float = 0.005,

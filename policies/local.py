@@ -3,14 +3,14 @@
 This is the only module of ``mascot.policies`` that imports torch; it needs the
 ``train`` extra. Its parts live beside it: prompt encoding (``chat_encoding``), per-row
 sampling (``sampling``), JSON-schema grammars (``grammar``), the micro-batcher
-(``batcher``) and the dtype choice (``precision``).
+(``batcher``), streamed replies (``streaming``), the model's lock (``fair_lock``) and the
+dtype choice (``precision``).
 """
 
 from __future__ import annotations
 
 import logging
-import threading
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from itertools import islice
@@ -19,30 +19,25 @@ from typing import Any
 
 import torch
 from safetensors import SafetensorError
-from transformers import LogitsProcessorList, TextIteratorStreamer
+from transformers import LogitsProcessorList
 
 from mascot.policies.batcher import Job, MicroBatcher
 from mascot.policies.chat_encoding import ChatEncoder, check_template_kwargs, left_pad
+from mascot.policies.fair_lock import FairLock
+from mascot.policies.generation import Generation, cut_at_stop
 from mascot.policies.grammar import GrammarCache, GrammarProcessor
 from mascot.policies.model_loading import LocalModelError, load_model, quiet_loading, resolve_model
 from mascot.policies.sampling import GREEDY_GENERATE, RowSampler, Sampling, row_seeds, sampling_for
+from mascot.policies.streaming import Forward, TextStream
 from mascot.policies.thinking import chat_template_kwargs as default_template_kwargs
 
-# loading helpers live in model_loading; many callers import them from here
-__all__ = ["Generation", "LocalBackend", "LocalModelError", "cut_at_stop", "quiet_loading", "resolve_model"]
+# loading helpers live in model_loading, replies in generation; callers import them from here
+__all__ = ["Generation", "LocalBackend", "LocalModelError", "TextStream", "cut_at_stop", "quiet_loading",
+           "resolve_model"]
 
 logger = logging.getLogger(__name__)
 
 _BASE = "__base__"  # PEFT's name for "no adapter" in per-row adapter_names
-
-
-@dataclass(frozen=True)
-class Generation:
-    """One generated reply with its token counts."""
-
-    text: str
-    prompt_tokens: int
-    completion_tokens: int
 
 
 @dataclass(frozen=True)
@@ -67,9 +62,11 @@ class LocalBackend:
     own. Any calls may share a batch: every row samples with its own settings and its own
     random stream (see ``sampling.RowSampler``) and follows its own grammar or none, so a
     seeded reply does not depend on what else was asked. Prompts are encoded so that
-    message text never becomes a control token (see ``chat_encoding``). One lock guards
-    the model: PEFT's active adapter is global state, so adapters change only between
-    batches.
+    message text never becomes a control token (see ``chat_encoding``). A stream decodes
+    outside the batches, one token per turn on the model (see ``streaming``), so batches
+    run between its tokens. One first-come-first-served lock guards the model: PEFT's
+    active adapter is global state, so adapters change only between batches and stream
+    steps.
     """
 
     def __init__(
@@ -95,14 +92,15 @@ class LocalBackend:
         self.tokenizer = tokenizer
         self.name = name
         self.adapter_versions = dict(adapter_versions or {})
-        self._lock = threading.Lock()  # the model: one generation or adapter change at a time
+        self._lock = FairLock()  # the model: one batch, stream step or adapter change at a time
         self.batcher: MicroBatcher[_Call] = MicroBatcher(self._run, self._lock, max_batch=max_batch,
                                                          batch_window_s=batch_window_s)
         self.encoder = ChatEncoder(tokenizer)
         eos = model.generation_config.eos_token_id
-        eos = tokenizer.eos_token_id if eos is None else eos
+        # generate stops at the generation config's end tokens only; a stream does the same
+        self.stop_token_ids: list[int] = [] if eos is None else eos if isinstance(eos, list) else [eos]
         self.grammars = GrammarCache(tokenizer, vocab_size=model.config.vocab_size,
-                                     stop_token_ids=eos if isinstance(eos, list) else [eos])
+                                     stop_token_ids=self.stop_token_ids or [tokenizer.eos_token_id])
         # async callers wait here: the event loop's default pool (cores + 4 threads) can be
         # smaller than a batch, which would cap the rows that ever meet in the queue
         self.callers = ThreadPoolExecutor(max_workers=max(64, 2 * max_batch), thread_name_prefix="mascot-generate")
@@ -311,9 +309,10 @@ class LocalBackend:
             [call.grammar for call in calls for _ in call.prompts],
             [width - len(prompt) for prompt in prompts],
         )
-        limit = max(call.max_new_tokens for call in calls)
+        decoding = {"max_new_tokens": max(call.max_new_tokens for call in calls),
+                    "pad_token_id": self.tokenizer.pad_token_id, **GREEDY_GENERATE}
         with torch.no_grad():
-            output = self.model.generate(**inputs, **self._decoding(limit), logits_processor=processors, **names)
+            output = self.model.generate(**inputs, **decoding, logits_processor=processors, **names)
         per_row = iter(zip(output[:, width:].tolist(), (len(prompt) for prompt in prompts)))
         return [[self._reply(tokens[: call.max_new_tokens], prompt_tokens, call.stop)
                  for tokens, prompt_tokens in islice(per_row, len(call.prompts))] for call in calls]
@@ -327,9 +326,6 @@ class LocalBackend:
             processors.append(GrammarProcessor(grammars))
         processors.append(RowSampler(settings, seeds, starts, self.model.device))
         return processors
-
-    def _decoding(self, max_new_tokens: int) -> dict[str, Any]:
-        return {"max_new_tokens": max_new_tokens, "pad_token_id": self.tokenizer.pad_token_id, **GREEDY_GENERATE}
 
     def _stale(self, call: _Call) -> ValueError | None:
         """The error of a call naming an adapter unloaded since it was queued, if any."""
@@ -357,17 +353,18 @@ class LocalBackend:
         seed: int | None = None,
         chat_template_kwargs: Mapping[str, Any] | None = None,
         json_schema: Mapping[str, Any] | None = None,
-    ) -> Iterator[str]:
-        """Generate one reply and yield its text piece by piece as tokens arrive.
+    ) -> TextStream:
+        """Generate one reply and yield its text piece by piece, decoded as it is read.
 
         Encoding, sampling and grammar are those of ``generate``, so a seeded stream
-        yields the reply ``generate`` gives with the same arguments.
+        yields the reply and the token counts ``generate`` gives. Each token holds the
+        model for one forward pass (see ``streaming``): batches run in between.
 
         Args: as for ``generate``, for one conversation.
 
         Returns:
-            An iterator of text pieces as they arrive; their concatenation is the reply.
-            It raises the generation's own errors.
+            The pieces (joined: the reply), with ``prompt_tokens`` and ``completion_tokens``;
+            it raises ``ValueError`` if its adapter is unloaded before the end.
 
         Raises:
             as ``generate``, at the call, before any piece.
@@ -375,30 +372,27 @@ class LocalBackend:
         call = self._prepare([conversation], [adapter], max_new_tokens=max_new_tokens, temperature=temperature,
                              top_p=top_p, top_k=top_k, repetition_penalty=repetition_penalty, seed=seed, stop=None,
                              chat_template_kwargs=chat_template_kwargs, json_schema=json_schema)
-        return self._pieces(call)  # a generator of its own, so that bad arguments raise here
+        return TextStream(self._stream_forward(adapter), call.prompts[0], tokenizer=self.tokenizer,
+                          processors=self._processors([call.sampling], call.seeds, [call.grammar], [0]),
+                          max_new_tokens=call.max_new_tokens, stop_token_ids=self.stop_token_ids,
+                          device=self.model.device)
 
-    def _pieces(self, call: _Call) -> Iterator[str]:
-        names = self._adapter_names(call.adapters, 1)
-        streamer = TextIteratorStreamer(self.tokenizer, skip_prompt=True, skip_special_tokens=True)
-        errors: list[BaseException] = []
+    def _stream_forward(self, adapter: str | None) -> Forward:
+        """One forward pass of a stream on ``adapter``, under the lock; it refuses to go on
+        once the adapter was unloaded (or unloaded and loaded again: other weights)."""
+        loaded: list[Any] = []  # the adapter's PEFT config at the first step: a new load makes a new one
 
-        def run() -> None:
-            with self._lock, torch.no_grad():
-                try:
-                    inputs = left_pad(call.prompts, self.tokenizer.pad_token_id, self.model.device)
-                    processors = self._processors([call.sampling], call.seeds, [call.grammar], [0])
-                    self.model.generate(**inputs, **self._decoding(call.max_new_tokens), logits_processor=processors,
-                                        **names, streamer=streamer)
-                except BaseException as exc:  # re-raised in the caller's thread below
-                    errors.append(exc)
-                    streamer.end()
+        def forward(inputs: Mapping[str, Any]) -> Any:
+            with self._lock, torch.no_grad():  # no_grad is per thread: taken for each step
+                names = self._adapter_names([adapter], 1)
+                if adapter is not None:
+                    if not loaded:
+                        loaded.append(self.model.peft_config[adapter])
+                    if self.model.peft_config[adapter] is not loaded[0]:
+                        raise ValueError(f"adapter {adapter} was reloaded while a reply streamed from it")
+                return self.model(**inputs, **names)
 
-        thread = threading.Thread(target=run, daemon=True)
-        thread.start()
-        yield from streamer
-        thread.join()
-        if errors:
-            raise errors[0]
+        return forward
 
     def _adapter_names(self, adapters: Sequence[str | None] | None, rows: int) -> dict[str, Any]:
         names = list(adapters) if adapters is not None else [None] * rows
@@ -413,11 +407,3 @@ class LocalBackend:
             return {}
         return {"adapter_names": [n or _BASE for n in names]}
 
-
-def cut_at_stop(text: str, stop: Sequence[str] | None) -> str:
-    """``text`` up to the first of the ``stop`` strings it holds."""
-    for marker in stop or ():
-        index = text.find(marker)
-        if index >= 0:
-            text = text[:index]
-    return text

@@ -11,7 +11,8 @@ Safe by default: the CLI binds to 127.0.0.1; with an API key every ``/v1`` reque
 and then takes only paths inside the adapters folder (after resolving symlinks); request
 bodies, ``n`` and ``max_tokens`` are capped; every error is an OpenAI-style JSON error,
 never a stack trace. Generation holds the backend's lock, so concurrent requests for
-different adapters are served one batch at a time and never race on the active adapter.
+different adapters are served one batch at a time and never race on the active adapter;
+a stream holds it for one token at a time, so batches run between its tokens.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ import logging
 import os
 import time
 import uuid
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
@@ -37,7 +38,7 @@ from starlette.exceptions import HTTPException
 
 from mascot.policies.chat_encoding import PromptError, check_template_kwargs
 from mascot.policies.grammar import JSON_OBJECT, GrammarError
-from mascot.policies.local import LocalBackend, LocalModelError
+from mascot.policies.local import LocalBackend, LocalModelError, TextStream
 from mascot.policies.thinking import chat_template_kwargs
 
 logger = logging.getLogger(__name__)
@@ -215,10 +216,10 @@ def create_app(
                     return _error(400, "stream with n > 1 is not supported by the local engine", "BadRequestError",
                                   param="n")
                 usage = bool((body.stream_options or {}).get("include_usage"))
-                pieces = await loop.run_in_executor(backend.callers, partial(
+                stream = await loop.run_in_executor(backend.callers, partial(
                     backend.stream, conversation, adapter=adapter, **sampling))
-                return StreamingResponse(_events(pieces, stop, reply_id, body.model, usage,
-                                                 limit=sampling["max_new_tokens"], backend=backend),
+                return StreamingResponse(_events(stream, stop, reply_id, body.model, usage,
+                                                 limit=sampling["max_new_tokens"]),
                                          media_type="text/event-stream")
             # in the backend's caller threads: concurrent requests meet in its batches
             generations = await loop.run_in_executor(backend.callers, partial(
@@ -292,42 +293,41 @@ def _response_schema(response_format: dict[str, Any] | None) -> dict[str, Any] |
     raise GrammarError(f"unknown response_format type {kind!r}; valid: text, json_object, json_schema")
 
 
-async def _events(pieces: Iterator[str], stop: list[str], reply_id: str, model: str, usage: bool, *,
-                  limit: int, backend: LocalBackend) -> AsyncIterator[str]:
-    """Server-sent events of a streamed reply, cut at the first stop string."""
+async def _events(stream: TextStream, stop: list[str], reply_id: str, model: str, usage: bool, *,
+                  limit: int) -> AsyncIterator[str]:
+    """Server-sent events of a streamed reply, cut at the first stop string; the usage
+    chunk has the stream's own token counts, as the whole reply's usage does."""
     created = int(time.time())
 
-    def chunk(delta: dict[str, Any], finish: str | None) -> str:
+    def event(payload: dict[str, Any]) -> str:
         return "data: " + json.dumps({"id": reply_id, "object": "chat.completion.chunk", "created": created,
-                                      "model": model, "choices": [{"index": 0, "delta": delta,
-                                                                   "finish_reason": finish}]}) + "\n\n"
+                                      "model": model, **payload}) + "\n\n"
+
+    def chunk(delta: dict[str, Any], finish: str | None) -> str:
+        return event({"choices": [{"index": 0, "delta": delta, "finish_reason": finish}]})
 
     yield chunk({"role": "assistant", "content": ""}, None)
-    text, sent, finish = "", 0, "stop"
+    text, sent = "", 0
     done = object()
-    while (piece := await asyncio.to_thread(next, pieces, done)) is not done:
+    # each piece is decoded in a worker thread: a token's forward pass must not block the event loop
+    while (piece := await asyncio.to_thread(next, stream, done)) is not done:
         text += piece
         cut = min((text.find(s) for s in stop if s and s in text), default=-1)
         if cut >= 0:
             if cut > sent:
                 yield chunk({"content": text[sent:cut]}, None)
-            sent = len(text)
             break
         if len(text) > sent:
             yield chunk({"content": text[sent:]}, None)
             sent = len(text)
-    else:
-        if len(backend.tokenizer(text, add_special_tokens=False)["input_ids"]) >= limit:
-            finish = "length"
-    for _ in pieces:  # let the generation thread finish and release the lock
-        pass
-    yield chunk({}, finish)
+    # past a stop string the reply is decoded to its end, unsent, as a whole reply is (its
+    # batch runs every row to the end), so both report the same usage and finish reason
+    await asyncio.to_thread("".join, stream)
+    yield chunk({}, "length" if stream.completion_tokens >= limit else "stop")
     if usage:
-        tokens = len(backend.tokenizer(text[:sent], add_special_tokens=False)["input_ids"])
-        yield "data: " + json.dumps({"id": reply_id, "object": "chat.completion.chunk", "created": created,
-                                     "model": model, "choices": [],
-                                     "usage": {"prompt_tokens": 0, "completion_tokens": tokens,
-                                               "total_tokens": tokens}}) + "\n\n"
+        yield event({"choices": [], "usage": {"prompt_tokens": stream.prompt_tokens,
+                                              "completion_tokens": stream.completion_tokens,
+                                              "total_tokens": stream.prompt_tokens + stream.completion_tokens}})
     yield "data: [DONE]\n\n"
 
 

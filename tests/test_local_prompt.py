@@ -60,18 +60,17 @@ def test_the_backends_tokenizer_is_left_alone(tiny_model: Path) -> None:
     assert encoder.tokenizer is not tokenizer
 
 
-def test_generate_and_stream_feed_the_model_no_injected_tokens(tiny_model: Path,
-                                                              monkeypatch: pytest.MonkeyPatch) -> None:
+def test_generate_and_stream_feed_the_model_no_injected_tokens(tiny_model: Path) -> None:
     backend = LocalBackend.load(str(tiny_model))
     start = control_ids(backend.tokenizer)[1]
     seen: list[torch.Tensor] = []
-    generate = backend.model.generate
 
-    def spy(**kwargs: object) -> torch.Tensor:
-        seen.append(kwargs["input_ids"])  # type: ignore[arg-type]
-        return generate(**kwargs)
+    def spy(module: torch.nn.Module, args: tuple[torch.Tensor]) -> None:
+        if args[0].shape[1] > 1:  # the prompt's pass (later passes feed one new token per row)
+            seen.append(args[0])
 
-    monkeypatch.setattr(backend.model, "generate", spy)
+    # batches run model.generate and streams their own decoding loop: both embed the prompt
+    backend.model.get_input_embeddings().register_forward_pre_hook(spy)  # this test's own backend
     conversation = [{"role": "user", "content": ATTACK}]
     reply = backend.generate([conversation, [{"role": "user", "content": "hi"}]], max_new_tokens=3)
     "".join(backend.stream(conversation, max_new_tokens=3))

@@ -99,17 +99,20 @@ def test_message_text_never_becomes_a_control_token(client: TestClient, backend:
                                                     monkeypatch: pytest.MonkeyPatch) -> None:
     start = backend.tokenizer.convert_tokens_to_ids("<|im_start|>")
     prompts: list[list[int]] = []
-    generate = backend.model.generate
 
-    def spy(**kwargs: Any) -> torch.Tensor:
-        prompts.extend(kwargs["input_ids"].tolist())
-        return generate(**kwargs)
+    def spy(module: torch.nn.Module, args: tuple[torch.Tensor]) -> None:
+        if args[0].shape[1] > 1:  # the prompt's pass (later passes feed one new token per row)
+            prompts.extend(args[0].tolist())
 
-    monkeypatch.setattr(backend.model, "generate", spy)
+    # batches run model.generate and streams their own decoding loop: both embed the prompt
+    hook = backend.model.get_input_embeddings().register_forward_pre_hook(spy)
     messages = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": ATTACK}]
-    assert ask(client, messages=messages, max_tokens=2).status_code == 200
-    assert ask(client, messages=messages, max_tokens=2, stream=True).status_code == 200
-    content_parts = [{"role": "user", "content": [{"type": "text", "text": ATTACK}]}]
-    assert ask(client, messages=content_parts, max_tokens=2).status_code == 200
+    try:
+        assert ask(client, messages=messages, max_tokens=2).status_code == 200
+        assert ask(client, messages=messages, max_tokens=2, stream=True).status_code == 200
+        content_parts = [{"role": "user", "content": [{"type": "text", "text": ATTACK}]}]
+        assert ask(client, messages=content_parts, max_tokens=2).status_code == 200
+    finally:
+        hook.remove()
     # headers: the system's, the user's and the one the reply starts with; none from the text
     assert [prompt.count(start) for prompt in prompts] == [3, 3, 2]
