@@ -244,6 +244,20 @@ def test_rollout_names_the_scenario_file_it_looked_for(tmp_path: Path, monkeypat
         "beside the roster's roster.yaml): write one there, or pass --scenarios FILE.jsonl"]
 
 
+def test_eval_names_the_scenario_file_it_looked_for(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                    capsys: pytest.CaptureFixture[str]) -> None:
+    _write(tmp_path, _valid())
+    (tmp_path / "policies.yaml").write_text(
+        "version: 1\nroles:\n  default: {kind: openai, base_url: 'http://127.0.0.1:9/v1', model: m}\n")
+    monkeypatch.chdir(tmp_path)
+    assert main(["eval", "--roster", ".", "--policies", "policies.yaml", "--judge-model", "m",
+                 "--judge-base-url", "http://127.0.0.1:9/v1", "--out", "ev"]) == 2
+    stderr = capsys.readouterr().err
+    assert stderr.splitlines() == [
+        f"mascot: error: no scenario file at {tmp_path / 'scenarios.jsonl'} (eval reads scenarios.jsonl "
+        "beside the roster's roster.yaml): write one there, or pass --scenarios FILE.jsonl"]
+
+
 def test_roster_error_pickles_with_its_problems(tmp_path: Path) -> None:
     with pytest.raises(RosterError) as info:
         load_roster(_write(tmp_path, _three_mistakes()))

@@ -1,6 +1,6 @@
 """The ``mascot`` command line; each command lives in the module named after it.
 
-- ``rosters``: rosters, rosters show/check/new
+- ``rosters``: rosters, rosters show/check/new/schema
 - ``chat``: graph, chat
 - ``episodes``: rollout, import-logs
 - ``judging``: judge, candidates, blocks, pairs, train-rm

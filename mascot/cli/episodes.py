@@ -27,10 +27,11 @@ from mascot.cli.options import (
     out,
     policies_from_args,
     positive,
+    roster_scenarios,
 )
 from mascot.graphs import BASELINES, create_baseline_graph, create_director_graph
 from mascot.rollout_workers import EPISODES_MISSING, end_with_parent, run_workers
-from mascot.rosters import Scenario, load_profiles, load_roster, load_scenarios, roster_path, scenario_path
+from mascot.rosters import load_profiles, load_roster, load_scenarios
 from mascot.training.checkpoint_import import import_checkpoints
 from mascot.training.episode import TurnPolicy, read_episodes
 from mascot.training.jsonl import check_writable, exclusive
@@ -89,18 +90,9 @@ def add_commands(commands: argparse._SubParsersAction) -> None:
     imports.set_defaults(run=_import_logs)
 
 
-def _roster_scenarios(roster: str) -> list[Scenario]:
-    """The scenarios beside the roster, or an error that says where it looked and what else to do."""
-    path = scenario_path(roster_path(roster))
-    if not path.is_file():
-        raise UsageError(f"no scenario file at {path} (rollout reads scenarios.jsonl beside the roster's "
-                         "roster.yaml): write one there, or pass --scenarios FILE.jsonl")
-    return load_scenarios(path)
-
-
 def _rollout(args: argparse.Namespace) -> int:
     roster = load_roster(args.roster)
-    scenarios = load_scenarios(args.scenarios) if args.scenarios else _roster_scenarios(args.roster)
+    scenarios = load_scenarios(args.scenarios) if args.scenarios else roster_scenarios(args.roster, "rollout")
     profiles = load_profiles(args.profiles) if args.profiles else list(roster.user_profiles)
     episodes_file = check_writable(args.out)
     failures = check_writable(args.failures or failures_path(episodes_file))

@@ -12,11 +12,12 @@ from mascot.cli.options import (
     mask_secrets_in_logs,
     out,
     positive,
+    roster_scenarios,
     spec_from_flags,
     with_budgets,
 )
 from mascot.policies import Policies
-from mascot.rosters import load_profiles, load_roster, load_scenarios, roster_path
+from mascot.rosters import load_profiles, load_roster, load_scenarios
 from mascot.training.retry import model_retry_policy
 
 
@@ -70,7 +71,7 @@ def _eval(args: argparse.Namespace) -> int:
     trained = with_budgets(trained, args.max_tokens)
     baselines = BASELINE_SYSTEMS if args.baselines is None else [s for s in args.baselines.split(",") if s]
     systems = ["trained", *baselines, *(ABLATIONS if args.ablations else ())]
-    scenarios = load_scenarios(args.scenarios or roster_path(args.roster).parent)
+    scenarios = load_scenarios(args.scenarios) if args.scenarios else roster_scenarios(args.roster, "eval")
     profiles = load_profiles(args.profiles) if args.profiles else list(roster.user_profiles)
     if args.judge_policies:
         judge_policies = Policies.from_file(args.judge_policies, roster, seed=args.seed)
@@ -84,7 +85,7 @@ def _eval(args: argparse.Namespace) -> int:
     mask_secrets_in_logs(judge_policies)
     folder = Path(args.out)
     folder.mkdir(parents=True, exist_ok=True)
-    spec, record = judge_policies.spec("judge"), judge_policies.record("judge")
+    record = judge_policies.record("judge")
     judge_name = record["model"] + (f"+{record['adapter']}" if record["adapter"] else "")
     plan = EvalPlan(scenarios=scenarios, profiles=profiles, episodes=args.episodes, seed=args.seed,
                     max_rounds=args.max_rounds, max_speakers=args.max_speakers, concurrency=args.concurrency,

@@ -10,7 +10,7 @@ from pydantic import ValidationError
 from rich.console import Console
 
 from mascot.policies import Policies, PolicySpec, load_policy_specs
-from mascot.rosters import Roster
+from mascot.rosters import Roster, Scenario, load_scenarios, roster_path, scenario_path
 from mascot.training.redaction import RedactingFilter, Redactor, add_secret_variables, file_redactor
 
 DEFAULT_MODEL = "Qwen/Qwen3-0.6B"
@@ -204,3 +204,12 @@ def recipe_from_args(config_class: Any, args: argparse.Namespace) -> tuple[Any, 
     except ValueError as exc:
         raise UsageError(f"{'--config ' + args.config if args.config else 'recipe flags'}: {exc}") from None
     return config, args.base or model or DEFAULT_MODEL
+
+
+def roster_scenarios(roster: str, command: str) -> list[Scenario]:
+    """The scenarios beside a roster, or an error that says where ``command`` looked and what else to do."""
+    path = scenario_path(roster_path(roster))
+    if not path.is_file():
+        raise UsageError(f"no scenario file at {path} ({command} reads scenarios.jsonl beside the roster's "
+                         "roster.yaml): write one there, or pass --scenarios FILE.jsonl")
+    return load_scenarios(path)
