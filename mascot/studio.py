@@ -6,7 +6,10 @@ passes no arguments to a graph factory, so the roster and the models come from v
 - ``MASCOT_ROSTER``: a shipped roster id or a roster file (default ``emotional_support``);
 - ``MASCOT_POLICIES``: a policy file (a model per role), or
 - ``MASCOT_MODEL``: one local model for every role (a model folder, e.g. one made by
-  ``mascot offline-model`` or ``mascot tiny-model``, or a Hub id).
+  ``mascot offline-model`` or ``mascot tiny-model``, or a Hub id);
+- neither: the offline model where ``mascot offline-model`` is told to put it by the
+  README and CI (``$MASCOT_CACHE``, else ``~/.cache/mascot``, then
+  ``qwen2.5-coder-0.5b-instruct``), when it has been built there.
 
 The server asks the factory for the graph on every run and state read; the graph (and the
 weights of local models) is built once per set of values and reused.
@@ -19,10 +22,12 @@ import os
 import threading
 from collections.abc import Mapping
 from functools import lru_cache
+from pathlib import Path
 
 from langgraph.graph.state import CompiledStateGraph
 
 from mascot.graphs import create_director_graph
+from mascot.offline_model import default_cache, is_offline_model
 from mascot.policies import Policies, PolicyError, PolicySpec
 from mascot.rosters import RosterError, load_roster
 
@@ -31,6 +36,8 @@ POLICIES_VAR = "MASCOT_POLICIES"
 MODEL_VAR = "MASCOT_MODEL"
 #: The roster served when ``MASCOT_ROSTER`` is unset.
 DEFAULT_ROSTER = "emotional_support"
+#: The folder name of the offline model served when no model variable is set.
+DEFAULT_MODEL_FOLDER = "qwen2.5-coder-0.5b-instruct"
 
 # one build at a time: two first runs arriving together must not load the weights twice
 _build_lock = threading.Lock()
@@ -71,9 +78,9 @@ def graph_from_env(environ: Mapping[str, str] | None = None) -> CompiledStateGra
         checkpointer; the same object for the same values.
 
     Raises:
-        StudioError: if the roster is unknown or invalid, both or neither of
-            ``MASCOT_POLICIES`` and ``MASCOT_MODEL`` are set, or the policy file or
-            model cannot be read or loaded.
+        StudioError: if the roster is unknown or invalid, both ``MASCOT_POLICIES`` and
+            ``MASCOT_MODEL`` are set, neither is and the offline model is not built, or
+            the policy file or model cannot be read or loaded.
     """
     env = os.environ if environ is None else environ
     roster = env.get(ROSTER_VAR, "").strip() or DEFAULT_ROSTER
@@ -82,12 +89,21 @@ def graph_from_env(environ: Mapping[str, str] | None = None) -> CompiledStateGra
     if policies and model:
         raise StudioError(f"set {POLICIES_VAR} or {MODEL_VAR}, not both (got {policies!r} and {model!r})")
     if not policies and not model:
-        raise StudioError(
-            f"set {POLICIES_VAR} to a policy file, or {MODEL_VAR} to a model folder or Hub id "
-            "(e.g. a folder made by `mascot offline-model` or `mascot tiny-model`)"
-        )
+        offline = default_model()
+        if not is_offline_model(offline):
+            raise StudioError(
+                f"set {POLICIES_VAR} to a policy file, or {MODEL_VAR} to a model folder or Hub id "
+                f"(e.g. a folder made by `mascot tiny-model`), or build the default model: "
+                f"mascot offline-model --out {offline}"
+            )
+        model = str(offline)
     with _build_lock:
         return _build(roster, policies, model)
+
+
+def default_model() -> Path:
+    """The offline model's folder served when neither model variable is set (it may not exist)."""
+    return default_cache().parent / DEFAULT_MODEL_FOLDER
 
 
 @lru_cache(maxsize=4)

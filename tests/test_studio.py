@@ -40,10 +40,27 @@ LANGGRAPH = Path(sys.executable).with_name("langgraph")
     ({"MASCOT_POLICIES": "/no/such/policies.yaml"}, "MASCOT_POLICIES: /no/such/policies.yaml: cannot read file"),
     ({"MASCOT_MODEL": "./no-such-model"}, "MASCOT_MODEL: no model directory at no-such-model"),
 ])
-def test_bad_variables_give_one_line_naming_the_variable(env: dict[str, str], message: str) -> None:
+def test_bad_variables_give_one_line_naming_the_variable(env: dict[str, str], message: str, tmp_path: Path,
+                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("MASCOT_CACHE", str(tmp_path))  # no offline model built there
     with pytest.raises(StudioError) as caught:
         graph_from_env(env)
     assert str(caught.value).startswith(message) and "\n" not in str(caught.value)
+
+
+def test_without_model_variables_the_offline_model_is_served(tmp_path: Path,
+                                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    from mascot.studio import default_model
+
+    monkeypatch.setenv("MASCOT_CACHE", str(tmp_path))
+    assert default_model() == tmp_path / "qwen2.5-coder-0.5b-instruct"
+    with pytest.raises(StudioError, match=f"mascot offline-model --out {tmp_path / 'qwen2.5-coder-0.5b-instruct'}"):
+        graph_from_env({})
+    built: list[tuple] = []
+    monkeypatch.setattr("mascot.studio.is_offline_model", lambda folder: True)
+    monkeypatch.setattr("mascot.studio._build", lambda *args: built.append(args) or "graph")
+    assert graph_from_env({}) == "graph"
+    assert built == [("emotional_support", None, str(tmp_path / "qwen2.5-coder-0.5b-instruct"))]
 
 
 def test_the_graph_is_built_once_per_setting(tiny_model: Path) -> None:
