@@ -29,10 +29,14 @@ A roster is a folder holding two files:
 - `scenarios.jsonl`: the opening situations, one [Scenario](#scenario) JSON object per
   line. `chat` works without it; `rollout` needs it (or `--scenarios FILE.jsonl`).
 
-Every field below is checked by `mascot rosters check FOLDER`, which lists every problem
-of a file at once. Unknown fields are errors (names are exact, in lower case);
-surrounding spaces are stripped from text; lengths count characters; a list's bounds
-count its items."""
+Every field below is checked by `mascot rosters check FOLDER`, which reads both files
+and exits 0 when they are valid (a missing `scenarios.jsonl` is a warning, not an error)
+or 2 with every problem of a file at once, one line each under `FILE: N problems:`.
+Unknown fields are errors in both files (names are exact, in lower case); surrounding
+spaces are stripped from text before its length is counted in characters; a list's
+bounds count its items; any YAML style of text or list (`[a, b]`, one `- item` a line,
+`>-` blocks) will do. Note that scenario ids follow their own pattern (they may start
+with a digit and hold `-`), unlike roster, persona and profile ids."""
 
 
 def schema_reference() -> str:
