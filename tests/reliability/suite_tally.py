@@ -27,7 +27,7 @@ def account(done: Iterable[Hashable], expected: Iterable[Hashable]) -> None:
         done: The key of every item the run wrote, repeats included.
         expected: The keys it should have written, once each.
     """
-    written, wanted = Counter(done), set(expected)
+    written, wanted = Counter(list(done)), set(expected)  # list(): a Counter takes a mapping as counts
     count(items_done=len(set(written) & wanted), items_lost=len(wanted - set(written)),
           items_duplicated=sum(n - 1 for n in written.values()), items_unexpected=len(set(written) - wanted))
 
