@@ -94,15 +94,23 @@ def save_adapter(model: Any, tokenizer: Any, target: Path, card: Mapping[str, An
             "versions": {"trl": trl.__version__, "transformers": transformers.__version__,
                          "peft": peft.__version__}}
 
+    checkpoints = target.parent / CHECKPOINTS
+
     def write(stage: Path) -> None:
         with quiet_loading():
             model.save_pretrained(stage)
         tokenizer.save_pretrained(stage)
         (stage / CARD_FILE).write_text(json.dumps(card, indent=2, default=str) + "\n", encoding="utf-8")
+        # The run's checkpoints leave (in one rename) before the card appears: a process
+        # killed between the two must never find a card beside pending checkpoints, which
+        # reads as an interrupted retraining and resumes for one step more.
+        if checkpoint_dir(target).is_dir():
+            os.replace(checkpoint_dir(target), Path(tempfile.mkdtemp(prefix=f".{target.name}.done-", dir=checkpoints))
+                       / target.name)
 
     replace_folder(target, write)
-    shutil.rmtree(checkpoint_dir(target), ignore_errors=True)
-    checkpoints = target.parent / CHECKPOINTS
+    for done in checkpoints.glob(".*.done-*") if checkpoints.is_dir() else ():
+        shutil.rmtree(done, ignore_errors=True)  # this run's, and any a killed run left
     if checkpoints.is_dir() and not any(checkpoints.iterdir()):
         checkpoints.rmdir()
 
