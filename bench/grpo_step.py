@@ -27,10 +27,10 @@ from transformers import AutoModelForCausalLM, GenerationConfig, Qwen3Config, Tr
 from mascot.graphs import create_director_graph
 from mascot.rosters import load_roster, load_scenarios
 from mascot.testing.tiny_model import build_tokenizer
-from mascot.training.episode import read_episodes
-from mascot.training.recipe import recipe_path
-from mascot.training.rollout import collect_episodes
-from mascot.training.speaker_training import SpeakerTrainingConfig, speaker_prompts, train_speaker
+from mascot.training.episodes.episode import read_episodes
+from mascot.training.episodes.rollout import collect_episodes
+from mascot.training.fitting.recipe import recipe_path
+from mascot.training.fitting.speaker_training import SpeakerTrainingConfig, speaker_prompts, train_speaker
 
 SHAPES = {
     "qwen3-0.6b": {"hidden_size": 1024, "intermediate_size": 3072, "num_hidden_layers": 28,

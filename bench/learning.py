@@ -39,11 +39,11 @@ import yaml
 from mascot.offline_model import build_offline_model
 from mascot.pipeline import run_pipeline
 from mascot.rosters import load_roster, load_scenarios
-from mascot.training.bootstrap import bootstrap_difference
-from mascot.training.episode import Episode, read_episodes
-from mascot.training.evaluation import system_scores
+from mascot.training.episodes.episode import Episode, read_episodes
+from mascot.training.evaluation.bootstrap import bootstrap_difference
+from mascot.training.evaluation.comparison import system_scores
 from mascot.training.jsonl import read_jsonl
-from mascot.training.rubric import load_rubric
+from mascot.training.judging.rubric import load_rubric
 
 HERE = Path(__file__).resolve().parent / "learning"
 ROOT = HERE.parent.parent

@@ -40,7 +40,7 @@ from mascot.graphs import create_director_graph, openai_messages
 from mascot.policies import Policies, PolicySpec
 from mascot.policies.local import LocalBackend
 from mascot.rosters import load_roster, load_scenarios
-from mascot.training.metrics import default_embedder, redundancy
+from mascot.training.evaluation.metrics import default_embedder, redundancy
 
 HAND_BACK = "turn limit of the round reached"
 

@@ -23,7 +23,7 @@ import openai
 import uvicorn
 
 from mascot.policies.local import LocalBackend
-from mascot.policies.local_server import create_app
+from mascot.policies.local.server import create_app
 from mascot.testing.tiny_model import build_tiny_model
 
 PROMPTS = ["I failed my exam again.", "My manager ignores my ideas.", "I cannot sleep before big days.",

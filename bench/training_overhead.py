@@ -67,11 +67,11 @@ from trl import GRPOConfig, GRPOTrainer
 from mascot.graphs import create_director_graph
 from mascot.rosters import Roster, load_roster, load_scenarios
 from mascot.testing.tiny_model import build_tiny_model
-from mascot.training.episode import read_episodes
-from mascot.training.recipe import recipe_path
-from mascot.training.reward_model import RewardModel, train_reward_model
-from mascot.training.rewards import RewardFunction, roster_format_reward
-from mascot.training.speaker_training import SpeakerTrainingConfig, speaker_prompts, train_speaker
+from mascot.training.episodes.episode import read_episodes
+from mascot.training.fitting.recipe import recipe_path
+from mascot.training.fitting.reward_model import RewardModel, train_reward_model
+from mascot.training.fitting.rewards import RewardFunction, roster_format_reward
+from mascot.training.fitting.speaker_training import SpeakerTrainingConfig, speaker_prompts, train_speaker
 
 ROSTER = "emotional_support"
 PERSONA = "anchor"
@@ -188,7 +188,7 @@ class Run:
 
 def build_episodes(out: Path, roster: Roster) -> Path:
     """Roll out scripted episodes (3 rounds, 4 scenarios x 2 user profiles) to ``out``."""
-    from mascot.training.rollout import collect_episodes
+    from mascot.training.episodes.rollout import collect_episodes
 
     director = FakeListChatModel(responses=[json.dumps({"speaker": p, "action": "respond", "tone": "warm"})
                                             for p in roster.persona_ids] * 60)

@@ -17,8 +17,8 @@ from rich.console import Console
 from rich.text import Text
 
 from mascot.rosters import Roster
-from mascot.training.episode import Episode
-from mascot.training.metrics import Embedder, default_embedder, round_redundancy
+from mascot.training.episodes.episode import Episode
+from mascot.training.evaluation.metrics import Embedder, default_embedder, round_redundancy
 
 #: Redundancy from which a turn is flagged as repeating its round.
 REDUNDANT = 0.8

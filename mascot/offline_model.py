@@ -268,7 +268,7 @@ def convert_gguf(
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer, GgufConfig
 
-    from mascot.policies.local import quiet_loading
+    from mascot.policies.local.model_loading import quiet_loading
 
     progress = on_progress or _no_progress
     partial = out.with_name(f".{out.name}.partial")

@@ -22,8 +22,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from mascot.training.episodes.rollout import PlannedEpisode, RolloutStatus, settle_rollout
 from mascot.training.jsonl import repair_tail
-from mascot.training.rollout import PlannedEpisode, RolloutStatus, settle_rollout
 
 _POLL_S = 0.25
 #: Exit code of a worker whose shard ended with episodes missing (recorded as failures);

@@ -40,10 +40,11 @@ def episodes(roster: Roster, tmp_path_factory: pytest.TempPathFactory) -> list:
     import asyncio
 
     from fakes import director_fake, speaker_fake
+
     from mascot.graphs import create_director_graph
     from mascot.rosters import load_scenarios
-    from mascot.training.episode import read_episodes
-    from mascot.training.rollout import collect_episodes
+    from mascot.training.episodes.episode import read_episodes
+    from mascot.training.episodes.rollout import collect_episodes
 
     graph = create_director_graph(roster, director=director_fake(roster.persona_ids), speakers=speaker_fake(),
                                   user=speaker_fake(), max_rounds=2)

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from mascot.training import adapter_folder
-from mascot.training.adapter_folder import CARD_FILE, checkpoint_dir, is_finished, save_adapter
+from mascot.training.fitting import adapter_folder
+from mascot.training.fitting.adapter_folder import CARD_FILE, checkpoint_dir, is_finished, save_adapter
 
 
 class _Saves:

@@ -14,7 +14,7 @@ import yaml
 from mascot.graphs import create_director_graph
 from mascot.policies import Policies, PolicyError
 from mascot.rosters import Roster
-from mascot.training.adapter_registry import register_adapter
+from mascot.training.fitting.adapter_registry import register_adapter
 
 
 def test_registered_adapters_drive_the_graph_and_chat(tiny_model: Path, roster: Roster, tmp_path: Path) -> None:
@@ -62,7 +62,7 @@ def test_concurrent_registrations_keep_every_entry(tiny_model: Path, roster: Ros
     import threading
     import time
 
-    from mascot.training import adapter_registry
+    from mascot.training.fitting import adapter_registry
 
     policy_file = tmp_path / "policies.yaml"
     register_adapter(policy_file, "anchor", base=str(tiny_model), adapter=tiny_model / "adapters/anchor",

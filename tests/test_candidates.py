@@ -6,13 +6,13 @@ import asyncio
 from pathlib import Path
 
 import pytest
-
 from fakes import PromptChat, director_fake, speaker_fake
+
 from mascot.graphs import create_director_graph
 from mascot.rosters import Roster, load_scenarios
-from mascot.training.candidates import candidate_contexts, read_candidates, sample_candidates
-from mascot.training.episode import read_episodes
-from mascot.training.rollout import collect_episodes
+from mascot.training.data.candidates import candidate_contexts, read_candidates, sample_candidates
+from mascot.training.episodes.episode import read_episodes
+from mascot.training.episodes.rollout import collect_episodes
 
 
 @pytest.fixture

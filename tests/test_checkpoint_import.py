@@ -13,15 +13,15 @@ from pathlib import Path
 from typing import TypedDict
 
 import pytest
+from fakes import ScriptedChat
 from langchain_core.messages import AIMessage, HumanMessage, SystemMessage, ToolMessage
 from langgraph.checkpoint.sqlite import SqliteSaver
 from langgraph.graph import START, MessagesState, StateGraph
 
-from fakes import ScriptedChat
 from mascot.graphs import create_director_graph
 from mascot.rosters import USER, load_scenarios
-from mascot.training.checkpoint_import import CheckpointImportError, episode_id, import_checkpoints
-from mascot.training.episode import read_episodes
+from mascot.training.episodes.checkpoint_import import CheckpointImportError, episode_id, import_checkpoints
+from mascot.training.episodes.episode import read_episodes
 
 # thread id -> rounds; a round is the person's message and (persona, action, reply) turns
 CONVERSATIONS = {

@@ -24,15 +24,15 @@ import pytest
 import torch
 from langchain_core.messages import AIMessage
 from peft import PeftModel
+from test_director_training import Logs, rollout_for
 from transformers import AutoModelForCausalLM, AutoTokenizer, DynamicCache, TrainerCallback
 
 from mascot.graphs.direction import fallback_direction, interpret_direction
 from mascot.graphs.state import round_speakers
 from mascot.policies.thinking import chat_template_kwargs
 from mascot.rosters import Roster
-from mascot.training.block_rollout import DecisionPoint, decision_points
-from mascot.training.director_training import DirectorTrainingConfig, train_director
-from test_director_training import Logs, rollout_for
+from mascot.training.data.block_rollout import DecisionPoint, decision_points
+from mascot.training.fitting.director_training import DirectorTrainingConfig, train_director
 
 #: The persona the reward prefers, and the one preferred in the control run.
 PREFERRED, OTHER = "catalyst", "action_guide"

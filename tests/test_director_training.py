@@ -6,19 +6,19 @@ import json
 from pathlib import Path
 from typing import Any
 
+from fakes import PromptChat, director_fake, speaker_fake
 from transformers import TrainerCallback
 
-from fakes import PromptChat, director_fake, speaker_fake
 from mascot.rosters import Roster
-from mascot.training.block_rollout import BlockRollout, decision_points
-from mascot.training.director_training import (
+from mascot.training.data.block_rollout import BlockRollout, decision_points
+from mascot.training.evaluation.metrics import LexicalEmbedder
+from mascot.training.fitting.director_training import (
     EMPTY_BLOCK_REWARD,
     DirectorRewards,
     DirectorTrainingConfig,
     standardise_by_group,
     train_director,
 )
-from mascot.training.metrics import LexicalEmbedder
 
 
 class Logs(TrainerCallback):

@@ -6,7 +6,7 @@ import re
 
 from mascot.episode_view import episodes_html
 from mascot.rosters import Roster
-from mascot.training.metrics import LexicalEmbedder
+from mascot.training.evaluation.metrics import LexicalEmbedder
 
 
 def test_systems_sharing_episode_ids_are_shown_side_by_side(episodes: list, roster: Roster) -> None:

@@ -7,7 +7,6 @@ import json
 import sys
 from pathlib import Path
 
-
 MASCOT = str(Path(sys.executable).parent / "mascot")
 
 

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from mascot.training.bootstrap import bootstrap_difference
-from mascot.training.eval_report import SystemScores, summarize, write_report
+from mascot.training.evaluation.bootstrap import bootstrap_difference
+from mascot.training.evaluation.report import SystemScores, summarize, write_report
 
 
 def test_bootstrap_finds_a_known_difference() -> None:

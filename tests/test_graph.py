@@ -8,6 +8,7 @@ from typing import Annotated, TypedDict
 from uuid import UUID
 
 import pytest
+from fakes import PromptChat, ScriptedChat
 from langchain_core.callbacks import BaseCallbackHandler
 from langchain_core.messages import AIMessage, AIMessageChunk, AnyMessage, HumanMessage
 from langgraph.checkpoint.memory import InMemorySaver
@@ -16,7 +17,6 @@ from langgraph.graph import END, START, StateGraph
 from langgraph.graph.message import add_messages
 from langgraph.types import Command
 
-from fakes import PromptChat, ScriptedChat
 from mascot.graphs import (
     BASELINES,
     create_baseline_graph,

@@ -12,6 +12,7 @@ from typing import Any
 import httpx
 import pytest
 import yaml
+from fakes import ScriptedChat
 from langchain_core.language_models import BaseChatModel
 from langchain_core.messages import AIMessage, BaseMessage
 from langchain_core.outputs import ChatGeneration, ChatResult
@@ -19,15 +20,13 @@ from langchain_openai import ChatOpenAI
 from pydantic import Field
 
 from mascot.rosters import Roster
-from mascot.training.episode import Episode, EpisodeMessage, EpisodeSource
+from mascot.training.episodes.episode import Episode, EpisodeMessage, EpisodeSource
 from mascot.training.jsonl import JsonlError
-from mascot.training.agreement import agreement
-from mascot.training.judge import Judge, JudgePanel
-from mascot.training.judgement import JudgementCache, JudgeOutputError, parse_scores, read_judgements
-from mascot.training.targets import block_targets, reply_target, reply_targets
-from mascot.training.rubric import RubricError, list_rubrics, load_rubric
-
-from fakes import ScriptedChat
+from mascot.training.judging.agreement import agreement
+from mascot.training.judging.judge import Judge, JudgePanel
+from mascot.training.judging.judgement import JudgementCache, JudgeOutputError, parse_scores, read_judgements
+from mascot.training.judging.rubric import RubricError, list_rubrics, load_rubric
+from mascot.training.judging.targets import block_targets, reply_target, reply_targets
 
 PERSONA_IDS = ["emotional_expressiveness", "empathetic_support", "persona_consistency",
                "response_relevance", "social_contribution"]
@@ -114,7 +113,7 @@ def test_shipped_rubrics_load_with_every_anchor() -> None:
 
 
 def _rubric_file(tmp_path: Path, change: Callable[[dict], None]) -> Path:
-    data = yaml.safe_load(resources.files("mascot.training").joinpath("rubrics", "persona.yaml").read_text())
+    data = yaml.safe_load(resources.files("mascot.training.judging").joinpath("rubrics", "persona.yaml").read_text())
     change(data)
     path = tmp_path / "mine.yaml"
     path.write_text(yaml.safe_dump(data))

@@ -17,9 +17,9 @@ from mascot.graphs.prompts import speaker_messages
 from mascot.graphs.state import openai_messages
 from mascot.rosters import Roster, load_roster
 from mascot.testing.stub_server import start_stub_server
-from mascot.training.candidates import langchain_message
-from mascot.training.judge import Judge
-from mascot.training.judge_sanity import (
+from mascot.training.data.candidates import langchain_message
+from mascot.training.judging.judge import Judge
+from mascot.training.judging.judge_sanity import (
     KINDS,
     SANITY_THRESHOLD,
     SanityError,
@@ -31,11 +31,11 @@ from mascot.training.judge_sanity import (
     run_sanity,
     sanity_metric_weight,
 )
-from mascot.training.rubric import load_rubric
-from mascot.training.targets import BlockTarget, ReplyTarget
+from mascot.training.judging.rubric import load_rubric
+from mascot.training.judging.targets import BlockTarget, ReplyTarget
 
 ROSTERS = ["emotional_support", "workplace_meeting"]
-SHIPPED = Path(__file__).parent.parent / "training" / "sanity"
+SHIPPED = Path(__file__).parent.parent / "mascot" / "training" / "judging" / "sanity"
 
 
 @pytest.mark.parametrize("roster_id", ROSTERS)
@@ -83,7 +83,7 @@ def test_block_sides_read_as_sibling_blocks(roster: Roster) -> None:
 
 
 def _user_roster(tmp_path: Path, roster_id: str) -> Path:
-    data = yaml.safe_load((Path(__file__).parent.parent / "rosters" / "data" / "emotional_support" /
+    data = yaml.safe_load((Path(__file__).parent.parent / "mascot" / "rosters" / "data" / "emotional_support" /
                            "roster.yaml").read_text())
     data["id"] = roster_id
     path = tmp_path / "roster.yaml"

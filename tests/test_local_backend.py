@@ -10,7 +10,7 @@ from langchain_core.messages import HumanMessage, SystemMessage
 
 from mascot.policies import Policies
 from mascot.policies.local import LocalBackend, LocalModelError
-from mascot.policies.local_chat import LocalChatModel
+from mascot.policies.local.chat_model import LocalChatModel
 
 CONVERSATION = [{"role": "user", "content": "I failed my driving test again"}]
 
@@ -282,7 +282,7 @@ def test_async_calls_beyond_the_default_thread_pool_meet_in_one_batch(tiny_model
                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
     import asyncio
 
-    from mascot.policies.local_chat import LocalChatModel
+    from mascot.policies.local.chat_model import LocalChatModel
 
     backend = personas_backend(tiny_model, max_batch=16)
     rows = record_calls(monkeypatch, backend)

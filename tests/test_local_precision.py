@@ -8,9 +8,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from mascot.policies import precision
-from mascot.policies.local import LocalBackend
-from mascot.policies.precision import DTYPES, cpu_has_native_bf16, default_dtype, resolve_dtype
+from mascot.policies.local import LocalBackend, precision
+from mascot.policies.local.precision import DTYPES, cpu_has_native_bf16, default_dtype, resolve_dtype
 
 FLAGS = "processor\t: 0\nflags\t\t: fpu sse2 avx2 avx512f avx512bw {extra}\nbugs\t\t: spectre_v1\n"
 
@@ -45,7 +44,7 @@ def test_explicit_names_override_and_bad_ones_list_the_valid(tiny_model: Path,
     assert resolve_dtype(None, "cpu") is default_dtype("cpu")
     with pytest.raises(ValueError, match="unknown dtype 'bf16'; valid: auto, bfloat16, float16, float32"):
         LocalBackend.load(str(tiny_model), dtype="bf16")
-    with caplog.at_level(logging.INFO, logger="mascot.policies.model_loading"):
+    with caplog.at_level(logging.INFO, logger="mascot.policies.local.model_loading"):
         backend = LocalBackend.load(str(tiny_model), dtype="float32")
     assert backend.model.dtype is torch.float32 and "in float32" in caplog.text
     assert LocalBackend.load(str(tiny_model)).model.dtype is default_dtype("cpu")

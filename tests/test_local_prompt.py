@@ -9,9 +9,9 @@ import torch
 from langchain_core.messages import HumanMessage
 from transformers import AutoTokenizer
 
-from mascot.policies.chat_encoding import ChatEncoder, PromptError, check_template_kwargs
 from mascot.policies.local import LocalBackend
-from mascot.policies.local_chat import LocalChatModel
+from mascot.policies.local.chat_encoding import ChatEncoder, PromptError, check_template_kwargs
+from mascot.policies.local.chat_model import LocalChatModel
 from mascot.policies.thinking import chat_template_kwargs
 
 CONTROL = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<|pad|>"]  # the tiny tokenizer's special tokens

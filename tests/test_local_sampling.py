@@ -9,7 +9,7 @@ import torch
 from transformers import GenerationConfig
 
 from mascot.policies.local import LocalBackend
-from mascot.policies.sampling import RowSampler, Sampling, row_seeds, sampling_for
+from mascot.policies.local.sampling import RowSampler, Sampling, row_seeds, sampling_for
 
 CONVERSATION = [{"role": "user", "content": "Tell me one thing to try tonight"}]
 

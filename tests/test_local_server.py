@@ -21,7 +21,7 @@ from langchain_openai import ChatOpenAI
 from mascot.graphs import create_director_graph
 from mascot.policies import Policies
 from mascot.policies.local import LocalBackend
-from mascot.policies.local_server import ServerLimits, create_app
+from mascot.policies.local.server import ServerLimits, create_app
 from mascot.policies.serving import ServedPolicies, client_policies, reload_adapters, vllm_command
 from mascot.rosters import Roster
 

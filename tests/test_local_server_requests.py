@@ -13,7 +13,7 @@ import torch
 from fastapi.testclient import TestClient
 
 from mascot.policies.local import LocalBackend
-from mascot.policies.local_server import create_app
+from mascot.policies.local.server import create_app
 from mascot.policies.thinking import chat_template_kwargs
 
 SPEAKERS = ["anchor", "catalyst", "beacon", "action_guide"]

@@ -14,9 +14,9 @@ import openai
 import pytest
 import uvicorn
 
-from mascot.policies.fair_lock import FairLock
 from mascot.policies.local import LocalBackend
-from mascot.policies.local_server import create_app
+from mascot.policies.local.fair_lock import FairLock
+from mascot.policies.local.server import create_app
 
 CONVERSATION = [{"role": "user", "content": "Tell me about your week in detail."}]
 

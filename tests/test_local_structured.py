@@ -11,13 +11,12 @@ import pytest
 from langchain_core.exceptions import OutputParserException
 from langchain_core.messages import AIMessage, HumanMessage, SystemMessage
 from pydantic import BaseModel, Field
-
 from test_local_backend import concurrently, record_calls
 
 from mascot.graphs.director import _model_text
-from mascot.policies.grammar import GrammarError
 from mascot.policies.local import LocalBackend
-from mascot.policies.local_chat import LocalChatModel
+from mascot.policies.local.chat_model import LocalChatModel
+from mascot.policies.local.grammar import GrammarError
 
 SPEAKERS = ["anchor", "catalyst", "beacon", "action_guide"]
 DIRECTION = {

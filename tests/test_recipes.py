@@ -9,13 +9,13 @@ import pytest
 import torch
 import yaml
 
-from mascot.training.director_training import DirectorTrainingConfig
-from mascot.training.recipe import recipe_path
-from mascot.training.reward_model import RewardModelConfig
-from mascot.training.speaker_dpo import SpeakerDPOConfig
-from mascot.training.speaker_training import SpeakerTrainingConfig
+from mascot.training.fitting.director_training import DirectorTrainingConfig
+from mascot.training.fitting.recipe import recipe_path
+from mascot.training.fitting.reward_model import RewardModelConfig
+from mascot.training.fitting.speaker_dpo import SpeakerDPOConfig
+from mascot.training.fitting.speaker_training import SpeakerTrainingConfig
 
-SHIPPED = sorted(p.name.removesuffix(".yaml") for p in resources.files("mascot.training").joinpath("recipes").iterdir()
+SHIPPED = sorted(p.name.removesuffix(".yaml") for p in resources.files("mascot.training.fitting").joinpath("recipes").iterdir()
                  if p.name.endswith(".yaml"))
 # a GPU recipe asks for bf16; on a CPU the same flags a user would give turn it off
 ON_CPU = [] if torch.cuda.is_available() else ["--bf16", "false", "--use_cpu", "true"]

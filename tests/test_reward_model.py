@@ -12,8 +12,8 @@ import torch
 from transformers import TrainerCallback
 
 from mascot.policies.local import LocalModelError
-from mascot.training.pairs import JudgedCandidate, build_pairs
-from mascot.training.reward_model import (
+from mascot.training.data.pairs import JudgedCandidate, build_pairs
+from mascot.training.fitting.reward_model import (
     RewardModel,
     RewardModelConfig,
     RewardModelError,

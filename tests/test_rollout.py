@@ -11,20 +11,20 @@ from typing import Any
 import httpx
 import openai
 import pytest
-
 from fakes import PromptChat, digest, director_fake, speaker_fake
+
 from mascot.graphs import create_director_graph
 from mascot.rosters import Roster, load_scenarios
-from mascot.training.episode import SCHEMA_VERSION, EpisodeError, read_episodes
-from mascot.training.jsonl import JsonlAppender, JsonlError, exclusive
-from mascot.training.redaction import Redactor
-from mascot.training.retry import model_retry_policy, transient_error
-from mascot.training.rollout import (
+from mascot.training.episodes.episode import SCHEMA_VERSION, EpisodeError, read_episodes
+from mascot.training.episodes.rollout import (
     RolloutError,
     collect_episodes,
     failures_path,
     plan_episodes,
 )
+from mascot.training.jsonl import JsonlAppender, JsonlError, exclusive
+from mascot.training.redaction import Redactor
+from mascot.training.retry import model_retry_policy, transient_error
 
 
 def _graph(roster: Roster, *, delay: bool = False, user: PromptChat | None = None, **kwargs: Any) -> Any:

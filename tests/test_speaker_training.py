@@ -14,8 +14,8 @@ from transformers import TrainerCallback
 
 from mascot.policies.local import LocalBackend
 from mascot.rosters import Roster
-from mascot.training.rewards import format_reward, roster_format_reward, weighted_rewards
-from mascot.training.speaker_training import (
+from mascot.training.fitting.rewards import format_reward, roster_format_reward, weighted_rewards
+from mascot.training.fitting.speaker_training import (
     SpeakerTrainingConfig,
     speaker_prompts,
     train_speaker,
@@ -235,7 +235,7 @@ class StepCounter(TrainerCallback):
 
 def test_interrupted_training_resumes_from_its_checkpoint(tiny_model: Path, roster: Roster, episodes: list,
                                                           tmp_path: Path) -> None:
-    from mascot.training.adapter_folder import checkpoint_dir, is_finished
+    from mascot.training.fitting.adapter_folder import checkpoint_dir, is_finished
 
     persona = roster.persona_ids[0]
     config = {**SHORT, "training": {**SHORT["training"], "max_steps": 4, "save_strategy": "steps", "save_steps": 1}}
@@ -254,7 +254,7 @@ def test_interrupted_training_resumes_from_its_checkpoint(tiny_model: Path, rost
 
 
 def test_round_redundancy_penalises_echoing_the_round(roster: Roster, episodes: list) -> None:
-    from mascot.training.speaker_training import round_redundancy_reward
+    from mascot.training.fitting.speaker_training import round_redundancy_reward
 
     dataset = speaker_prompts(episodes, roster, None)
     row = next(r for r in dataset if r["round_turns"])
@@ -267,7 +267,7 @@ def test_round_redundancy_penalises_echoing_the_round(roster: Roster, episodes: 
 
 def test_dpo_on_pairs_moves_only_the_adapter(tiny_model: Path, roster: Roster, episodes: list,
                                              tmp_path: Path) -> None:
-    from mascot.training.speaker_dpo import SpeakerDPOError, train_speaker_dpo
+    from mascot.training.fitting.speaker_dpo import SpeakerDPOError, train_speaker_dpo
 
     persona = roster.persona_ids[0]
     prompts = speaker_prompts(episodes, roster, persona)["prompt"]

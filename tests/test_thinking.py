@@ -18,11 +18,11 @@ from trl import DPOTrainer, GRPOTrainer, RewardTrainer
 
 from mascot.policies.thinking import chat_template_kwargs
 from mascot.testing.tiny_model import CHAT_TEMPLATE
-from mascot.training import reward_model, speaker_dpo
-from mascot.training.director_training import DirectorTrainingConfig
-from mascot.training.reward_model import RewardModel, train_reward_model
-from mascot.training.speaker_dpo import train_speaker_dpo
-from mascot.training.speaker_training import SpeakerTrainingConfig, train_speaker
+from mascot.training.fitting import reward_model, speaker_dpo
+from mascot.training.fitting.director_training import DirectorTrainingConfig
+from mascot.training.fitting.reward_model import RewardModel, train_reward_model
+from mascot.training.fitting.speaker_dpo import train_speaker_dpo
+from mascot.training.fitting.speaker_training import SpeakerTrainingConfig, train_speaker
 
 THINK_OFF = chat_template_kwargs()
 EMPTY_THINK = "<think>\n\n</think>\n\n"

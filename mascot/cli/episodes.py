@@ -32,17 +32,18 @@ from mascot.cli.options import (
 from mascot.graphs import BASELINES, create_baseline_graph, create_director_graph
 from mascot.rollout_workers import EPISODES_MISSING, end_with_parent, run_workers
 from mascot.rosters import load_profiles, load_roster, load_scenarios
-from mascot.training.checkpoint_import import import_checkpoints
-from mascot.training.episode import TurnPolicy, read_episodes
-from mascot.training.jsonl import check_writable, exclusive
-from mascot.training.retry import model_retry_policy
-from mascot.training.rollout import (
+from mascot.training.episodes.checkpoint_import import import_checkpoints
+from mascot.training.episodes.episode import TurnPolicy, read_episodes
+from mascot.training.episodes.rollout import (
     RolloutStatus,
     collect_episodes,
     failures_path,
     plan_episodes,
 )
-from mascot.training.trace import JsonlTracer
+from mascot.training.episodes.trace import JsonlTracer
+from mascot.training.jsonl import check_writable, exclusive
+from mascot.training.retry import model_retry_policy
+
 
 def add_commands(commands: argparse._SubParsersAction) -> None:
     """Add ``rollout`` and ``import-logs`` to the ``mascot`` command line."""

@@ -58,11 +58,11 @@ def add_commands(commands: argparse._SubParsersAction) -> None:
 
 
 def _eval(args: argparse.Namespace) -> int:
-    from mascot.training.eval_report import summarize, write_report
-    from mascot.training.evaluation import ABLATIONS, BASELINE_SYSTEMS, EvalPlan, evaluate
-    from mascot.training.judge import Judge
-    from mascot.training.judgement import JudgementCache
-    from mascot.training.rubric import load_rubric
+    from mascot.training.evaluation.comparison import ABLATIONS, BASELINE_SYSTEMS, EvalPlan, evaluate
+    from mascot.training.evaluation.report import summarize, write_report
+    from mascot.training.judging.judge import Judge
+    from mascot.training.judging.judgement import JudgementCache
+    from mascot.training.judging.rubric import load_rubric
 
     roster = load_roster(args.roster)
     if not Path(args.policies).is_file():
@@ -113,7 +113,7 @@ def _eval(args: argparse.Namespace) -> int:
               f"`{base}`; judge `{judge_name}`; {args.episodes} episodes per system (the same scenarios, "
               f"people and seed {args.seed} for all); mean ± sd over episodes, n = episodes behind each cell.")
     from mascot.episode_view import episodes_html
-    from mascot.training.episode import read_episodes
+    from mascot.training.episodes.episode import read_episodes
     from mascot.training.jsonl import read_jsonl
 
     page = folder / "conversations.html"
@@ -142,7 +142,7 @@ def add_show_command(commands: argparse._SubParsersAction) -> None:
 
 def _show(args: argparse.Namespace) -> int:
     from mascot.episode_view import episodes_html, print_episodes
-    from mascot.training.episode import read_episodes
+    from mascot.training.episodes.episode import read_episodes
     from mascot.training.jsonl import read_jsonl
 
     if not Path(args.episodes).is_file():

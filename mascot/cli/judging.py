@@ -14,8 +14,8 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 from mascot.cli.options import (
     UsageError,
-    add_recipe_flags,
     add_policy_flags,
+    add_recipe_flags,
     err,
     mask_secrets_in_logs,
     non_negative,
@@ -26,13 +26,13 @@ from mascot.cli.options import (
 )
 from mascot.policies import Policies
 from mascot.rosters import load_roster
-from mascot.training.candidates import (
+from mascot.training.data.candidates import (
     CandidateReport,
     candidate_contexts,
     read_candidates,
     sample_candidates,
 )
-from mascot.training.episode import TurnPolicy, read_episodes
+from mascot.training.episodes.episode import TurnPolicy, read_episodes
 from mascot.training.jsonl import JsonlAppender, check_writable, exclusive, read_jsonl
 
 
@@ -163,8 +163,8 @@ def _candidates(args: argparse.Namespace) -> int:
 
 
 def _blocks(args: argparse.Namespace) -> int:
-    from mascot.training.block_rollout import BlockRollout, decision_points
-    from mascot.training.sibling_blocks import SiblingBlockError, sample_sibling_blocks
+    from mascot.training.data.block_rollout import BlockRollout, decision_points
+    from mascot.training.data.sibling_blocks import SiblingBlockError, sample_sibling_blocks
 
     roster = load_roster(args.roster)
     episodes = _input_episodes(args.source)
@@ -199,10 +199,10 @@ def _blocks(args: argparse.Namespace) -> int:
 
 
 def _judge(args: argparse.Namespace) -> int:
-    from mascot.training.judge import Judge
-    from mascot.training.judgement import JudgementCache
-    from mascot.training.rubric import load_rubric
-    from mascot.training.targets import block_targets, reply_target, reply_targets
+    from mascot.training.judging.judge import Judge
+    from mascot.training.judging.judgement import JudgementCache
+    from mascot.training.judging.rubric import load_rubric
+    from mascot.training.judging.targets import block_targets, reply_target, reply_targets
 
     if args.sanity:
         return _judge_sanity(args)
@@ -227,7 +227,7 @@ def _judge(args: argparse.Namespace) -> int:
     policies = policies_from_args(args, roster)
     redact = mask_secrets_in_logs(policies)
     if on_candidates and candidate_kind == "block":
-        from mascot.training.sibling_blocks import SiblingBlockError, read_block_candidates
+        from mascot.training.data.sibling_blocks import SiblingBlockError, read_block_candidates
 
         try:
             candidates = {(c.context_id, c.sample): c for c in read_block_candidates(source)}
@@ -285,10 +285,10 @@ def _judge_model_name(policies: Policies) -> str:
 
 def _judge_sanity(args: argparse.Namespace) -> int:
     """``judge --sanity``: the judge on the roster's sanity set, reported as pairwise accuracy."""
-    from mascot.training.judge import Judge
-    from mascot.training.judge_sanity import SanityError, load_sanity_set, metric_sanity, run_sanity
-    from mascot.training.judgement import JudgementCache
-    from mascot.training.rubric import load_rubric
+    from mascot.training.judging.judge import Judge
+    from mascot.training.judging.judge_sanity import SanityError, load_sanity_set, metric_sanity, run_sanity
+    from mascot.training.judging.judgement import JudgementCache
+    from mascot.training.judging.rubric import load_rubric
 
     if args.source:
         raise UsageError("--sanity judges the roster's sanity set; leave out --in")
@@ -353,7 +353,7 @@ def _unit_interval(text: str) -> float:
 
 
 def _pairs(args: argparse.Namespace) -> int:
-    from mascot.training.pairs import JudgedCandidate, build_pairs, write_pairs
+    from mascot.training.data.pairs import JudgedCandidate, build_pairs, write_pairs
 
     source = Path(args.source)
     if not source.is_file():
@@ -371,7 +371,7 @@ def _pairs(args: argparse.Namespace) -> int:
                              "judge a candidate file with `mascot judge --in CANDIDATES`") from None
     weight, why = _label_weight(args, judged)
     if weight > 0:
-        from mascot.training.metric_judge import with_metric_overall
+        from mascot.training.judging.metric_judge import with_metric_overall
 
         if not args.roster:
             raise UsageError(f"--roster is needed to mix in the metric judge (metric weight {weight:g}, {why})")
@@ -392,7 +392,12 @@ def _pairs(args: argparse.Namespace) -> int:
 def _label_weight(args: argparse.Namespace, judged: list[Any]) -> tuple[float, str]:
     """The metric judge's weight in the labels, and why: ``--metric-weight``, else the rule
     of ``--sanity`` (0.5 under 70 % sanity accuracy, else 0), else 0."""
-    from mascot.training.judge_sanity import SANITY_THRESHOLD, SanityError, read_sanity_report, sanity_metric_weight
+    from mascot.training.judging.judge_sanity import (
+        SANITY_THRESHOLD,
+        SanityError,
+        read_sanity_report,
+        sanity_metric_weight,
+    )
 
     if args.metric_weight is not None:
         return args.metric_weight, "--metric-weight"
@@ -413,8 +418,8 @@ def _label_weight(args: argparse.Namespace, judged: list[Any]) -> tuple[float, s
 
 
 def _train_rm(args: argparse.Namespace) -> int:
-    from mascot.training.pairs import read_pairs
-    from mascot.training.reward_model import RewardModelConfig, RewardModelError, train_reward_model
+    from mascot.training.data.pairs import read_pairs
+    from mascot.training.fitting.reward_model import RewardModelConfig, RewardModelError, train_reward_model
 
     folder = Path(args.pairs)
     if not (folder / "train.jsonl").is_file():

@@ -9,17 +9,27 @@ from collections.abc import Sequence
 
 import openai
 
-from mascot.cli import chat, episodes, evaluation, judging, offline_model, pipeline, policy_training
-from mascot.cli import rosters, serve, tiny_model
+from mascot.cli import (
+    chat,
+    episodes,
+    evaluation,
+    judging,
+    offline_model,
+    pipeline,
+    policy_training,
+    rosters,
+    serve,
+    tiny_model,
+)
 from mascot.cli.options import UsageError, err, masked
 from mascot.offline_model import OfflineModelError
 from mascot.policies import PolicyError
 from mascot.rosters import RosterError
-from mascot.training.checkpoint_import import CheckpointImportError
+from mascot.training.data.pairs import PairsError
+from mascot.training.episodes.checkpoint_import import CheckpointImportError
+from mascot.training.episodes.rollout import RolloutError
 from mascot.training.jsonl import JsonlError
-from mascot.training.pairs import PairsError
-from mascot.training.rollout import RolloutError
-from mascot.training.rubric import RubricError
+from mascot.training.judging.rubric import RubricError
 
 
 def main(argv: Sequence[str] | None = None) -> int:

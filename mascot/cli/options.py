@@ -191,7 +191,7 @@ def recipe_from_args(config_class: Any, args: argparse.Namespace) -> tuple[Any, 
         UsageError: on a recipe file that is missing or invalid, or a bad flag.
     """
     from mascot.rosters.yaml_file import YamlFileError
-    from mascot.training.recipe import recipe_path
+    from mascot.training.fitting.recipe import recipe_path
 
     try:
         recipe = recipe_path(args.config) if args.config else None

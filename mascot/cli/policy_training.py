@@ -16,8 +16,8 @@ from typing import Any
 from mascot.cli.options import UsageError, add_recipe_flags, err, mask_secrets_in_logs, out, recipe_from_args
 from mascot.policies import Policies
 from mascot.rosters import Roster, load_roster
-from mascot.training.adapter_registry import register_adapter
-from mascot.training.episode import read_episodes
+from mascot.training.episodes.episode import read_episodes
+from mascot.training.fitting.adapter_registry import register_adapter
 
 #: Policy file written under ``--out`` when ``--policy-file`` is not given.
 POLICY_FILE = "policies.yaml"
@@ -63,10 +63,10 @@ def _add_common(parser: argparse.ArgumentParser, ours: str, trainer: str) -> Non
 
 
 def _train_speakers(args: argparse.Namespace) -> int:
-    from mascot.training.adapter_folder import AdapterFolderError, adapter_target, is_finished
-    from mascot.training.reward_model import RewardModel, RewardModelError
-    from mascot.training.speaker_dpo import SpeakerDPOConfig, SpeakerDPOError, train_speaker_dpo
-    from mascot.training.speaker_training import (
+    from mascot.training.fitting.adapter_folder import AdapterFolderError, adapter_target, is_finished
+    from mascot.training.fitting.reward_model import RewardModel, RewardModelError
+    from mascot.training.fitting.speaker_dpo import SpeakerDPOConfig, SpeakerDPOError, train_speaker_dpo
+    from mascot.training.fitting.speaker_training import (
         SpeakerTrainingConfig,
         SpeakerTrainingError,
         speaker_prompts,
@@ -133,10 +133,10 @@ def _train_speakers(args: argparse.Namespace) -> int:
 
 
 def _train_director(args: argparse.Namespace) -> int:
-    from mascot.training.adapter_folder import AdapterFolderError, adapter_target, is_finished
-    from mascot.training.block_rollout import BlockRollout, decision_points
-    from mascot.training.director_training import DirectorTrainingConfig, train_director
-    from mascot.training.reward_model import RewardModel, RewardModelError
+    from mascot.training.data.block_rollout import BlockRollout, decision_points
+    from mascot.training.fitting.adapter_folder import AdapterFolderError, adapter_target, is_finished
+    from mascot.training.fitting.director_training import DirectorTrainingConfig, train_director
+    from mascot.training.fitting.reward_model import RewardModel, RewardModelError
 
     roster = load_roster(args.roster)
     config, base = recipe_from_args(DirectorTrainingConfig, args)
@@ -217,7 +217,7 @@ def _episodes(path: str, roster: Roster | None = None) -> list[Any]:
 
 
 def _pairs(where: str | None) -> list[dict[str, Any]]:
-    from mascot.training.pairs import read_pairs
+    from mascot.training.data.pairs import read_pairs
 
     if not where:
         raise UsageError("--method dpo needs --pairs DIR (from mascot pairs) or a pairs JSONL file")

@@ -68,7 +68,7 @@ def _serve(args: argparse.Namespace) -> int:
     import uvicorn
 
     from mascot.policies.local import LocalBackend
-    from mascot.policies.local_server import ServerLimits, create_app
+    from mascot.policies.local.server import ServerLimits, create_app
 
     backend = LocalBackend.load(served.base, adapters={a.name: a.path for a in served.adapters.values()},
                                 adapter_versions={a.name: a.version for a in served.adapters.values()})

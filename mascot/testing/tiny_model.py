@@ -20,7 +20,7 @@ from transformers import (
     Qwen3Config,
 )
 
-from mascot.policies.local import quiet_loading
+from mascot.policies.local.model_loading import quiet_loading
 from mascot.rosters import Roster, list_rosters, load_roster, load_scenarios
 
 logger = logging.getLogger(__name__)

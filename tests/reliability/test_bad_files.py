@@ -16,14 +16,13 @@ from typing import Any
 
 import pytest
 import yaml
+from helpers import mascot
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from suite_tally import count
 
 from mascot.cli import main
 from mascot.rosters import roster_path
-
-from helpers import mascot
-from suite_tally import count
 
 REPO = Path(__file__).resolve().parents[2]
 VALID: dict[str, Any] = {
@@ -31,8 +30,8 @@ VALID: dict[str, Any] = {
     "policy": {"version": 1, "defaults": {"kind": "local", "model": "Qwen/Qwen3-0.6B", "max_tokens": 200},
                "roles": {"default": {}, "director": {"kind": "openai", "base_url": "http://127.0.0.1:9/v1",
                                                      "model": "director", "api_key_env": "MY_KEY"}}},
-    "rubric": yaml.safe_load((REPO / "training" / "rubrics" / "persona.yaml").read_text()),
-    "recipe": yaml.safe_load((REPO / "training" / "recipes" / "speakers-dpo-cpu-smoke.yaml").read_text()),
+    "rubric": yaml.safe_load((REPO / "mascot" / "training" / "judging" / "rubrics" / "persona.yaml").read_text()),
+    "recipe": yaml.safe_load((REPO / "mascot" / "training" / "fitting" / "recipes" / "speakers-dpo-cpu-smoke.yaml").read_text()),
 }
 
 

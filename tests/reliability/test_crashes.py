@@ -13,13 +13,12 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
+from helpers import MASCOT, mascot, records, write_warm_over_curt_pairs
+from suite_tally import account, count
 
 from mascot.cli import main
 from mascot.rosters import load_roster
 from mascot.testing.stub_server import StubConfig, StubServer, start_stub_server
-
-from helpers import MASCOT, mascot, records, write_warm_over_curt_pairs
-from suite_tally import account, count
 
 ROSTER = load_roster("emotional_support")
 EPISODES = 12

@@ -8,17 +8,16 @@ import json
 import time
 from typing import Any
 
+from fakes import PromptChat, speaker_fake
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from suite_tally import count
 
 from mascot.graphs import create_director_graph
 from mascot.graphs.direction import interpret_direction
 from mascot.rosters import USER, load_roster
-from mascot.training.judgement import JudgeOutputError, parse_scores
-from mascot.training.rubric import load_rubric
-
-from fakes import PromptChat, speaker_fake
-from suite_tally import count
+from mascot.training.judging.judgement import JudgeOutputError, parse_scores
+from mascot.training.judging.rubric import load_rubric
 
 ROSTER = load_roster("emotional_support")
 RUBRIC = load_rubric("persona")

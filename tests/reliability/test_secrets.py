@@ -9,12 +9,11 @@ from pathlib import Path
 
 import pytest
 import yaml
+from helpers import mascot, write_warm_over_curt_pairs
+from suite_tally import count
 
 from mascot.cli import main
 from mascot.testing.stub_server import StubConfig, start_stub_server
-
-from helpers import mascot, write_warm_over_curt_pairs
-from suite_tally import count
 
 SENTINEL = "sk-SENTINEL-7f3a9d21c4e8b065"
 ENV = {"SERVER_KEY": SENTINEL, "HF_TOKEN": SENTINEL, "HUGGING_FACE_HUB_TOKEN": SENTINEL}

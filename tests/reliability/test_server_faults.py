@@ -10,13 +10,12 @@ from pathlib import Path
 
 import pytest
 import yaml
-
-from mascot.rosters import load_roster, load_scenarios
-from mascot.training.rollout import plan_episodes
-from mascot.testing.stub_server import FAULTS, StubConfig, StubServer, start_stub_server
-
 from helpers import mascot, records
 from suite_tally import account, count
+
+from mascot.rosters import load_roster, load_scenarios
+from mascot.testing.stub_server import FAULTS, StubConfig, StubServer, start_stub_server
+from mascot.training.episodes.rollout import plan_episodes
 
 FAULTY = StubConfig(fail_rate=0.3, faults=FAULTS, stall_s=3, retry_after_s=0.2, seed=11)
 TIMEOUT = ["--timeout", "0.5"]

@@ -19,7 +19,6 @@ from typing import Any
 import httpx
 import pytest
 import yaml
-
 from helpers import MASCOT
 from suite_tally import count
 

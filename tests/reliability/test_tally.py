@@ -6,7 +6,6 @@ from collections import Counter
 from types import SimpleNamespace
 
 import pytest
-
 import suite_tally
 
 

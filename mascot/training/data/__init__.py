@@ -1,0 +1,1 @@
+"""Training data: candidate replies, sibling blocks of Director decisions, preference pairs."""

@@ -1,0 +1,1 @@
+"""Evaluation: trained policies against the baselines, automatic metrics, reports and plots."""

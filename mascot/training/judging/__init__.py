@@ -1,0 +1,1 @@
+"""Judging: rubrics, the rubric LLM judge and its cache, judge sanity sets, metric judges, judge targets."""

@@ -1,0 +1,429 @@
+"""Judge sanity sets: fixed contrasts a judge must get right before its labels are trained on.
+
+A sanity set is hand-written YAML, one per shipped roster (``mascot.training.judging.sanity``), or a
+file of the same format for another roster. Its ``replies`` are for rubrics that judge a
+reply (``persona``): per item, a conversation, the Director's stage direction to a persona,
+a ``better`` reply in that persona's voice that answers the person, and ``worse`` replies,
+one per contrast of ``KINDS["reply"]``. Its ``blocks`` are for rubrics that judge a block
+(``group``): a ``better`` block of distinct voices against the contrasts of
+``KINDS["block"]``. Every side is built as the judge sees it in training (``reply_target``,
+``BlockTarget``) and as ``mascot pairs`` reads it (a ``JudgedCandidate`` with the speaker's
+prompt, or the block's prefix and ``id: text`` paragraphs).
+
+``run_sanity`` judges every distinct target once; accuracy is the share of pairs in which
+the better side's overall score is higher. A tie or a failed judgement of either side counts
+as wrong, so a judge that scores everything alike scores 0. A judge under
+``SANITY_THRESHOLD`` (70 %) is not trusted alone: ``mascot pairs --sanity REPORT`` then mixes
+the metric judge into the labels (``sanity_metric_weight``, ``metric_judge``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from importlib import resources
+from pathlib import Path
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from mascot.graphs.direction import StageDirection
+from mascot.graphs.prompts import speaker_messages
+from mascot.graphs.state import openai_messages
+from mascot.rosters import Roster
+from mascot.rosters.yaml_file import YamlFileError, read_yaml
+from mascot.training.data.candidates import langchain_message
+from mascot.training.data.pairs import JudgedCandidate
+from mascot.training.evaluation.metrics import Embedder, default_embedder
+from mascot.training.judging.judge import Judge
+from mascot.training.judging.judgement import Judgement
+from mascot.training.judging.metric_judge import GROUP, SANITY_FALLBACK_WEIGHT, metric_overalls
+from mascot.training.judging.targets import BlockTarget, Target, conversation_turns, render_block, reply_target
+
+#: Least share of sanity pairs a judge must get right to be trusted alone.
+SANITY_THRESHOLD = 0.7
+#: The contrasts of a sanity set, per kind of target the rubric judges.
+KINDS: dict[str, tuple[str, ...]] = {
+    "reply": ("echoed_cue", "one_word", "other_persona", "off_persona"),
+    "block": ("one_voice", "same_thing", "echoed_cue"),
+}
+#: The speaker key of the person's turns in a sanity file.
+PERSON = "person"
+_DATA = "sanity"
+
+TargetKind = Literal["reply", "block"]
+
+
+class SanityError(ValueError):
+    """A sanity set or report cannot be used; the message is one line naming the file."""
+
+
+class _Direction(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    action: str = Field(min_length=1)
+    tone: str = Field(min_length=1)
+
+
+class _ReplyItem(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    id: str = Field(min_length=1)
+    persona: str
+    conversation: list[dict[str, str]] = Field(min_length=1)
+    direction: _Direction
+    better: str = Field(min_length=1)
+    worse: dict[str, str] = Field(min_length=1)
+
+
+class _BlockItem(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    id: str = Field(min_length=1)
+    conversation: list[dict[str, str]] = Field(min_length=1)
+    better: list[dict[str, str]] = Field(min_length=1)
+    worse: dict[str, list[dict[str, str]]] = Field(min_length=1)
+
+
+class _SanityFile(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    roster: str
+    replies: list[_ReplyItem] = Field(default_factory=list)
+    blocks: list[_BlockItem] = Field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class SanityPair:
+    """One contrast: the same context, a better and a worse side.
+
+    Attributes:
+        id: ``item/kind``, e.g. ``anchor-driving-test/echoed_cue``.
+        kind: The contrast (one of ``KINDS``).
+        better, worse: The two sides as judge targets.
+        better_candidate, worse_candidate: The two sides as judged candidates (unjudged),
+            what ``mascot pairs`` and the metric judge read.
+    """
+
+    id: str
+    kind: str
+    better: Target
+    worse: Target
+    better_candidate: JudgedCandidate
+    worse_candidate: JudgedCandidate
+
+
+@dataclass(frozen=True)
+class SanitySet:
+    """The sanity pairs of one roster for one kind of target, and where they came from."""
+
+    roster: str
+    target: TargetKind
+    source: str
+    pairs: list[SanityPair]
+
+    def targets(self) -> list[Target]:
+        """The distinct targets of the pairs (a better side shared by pairs counts once)."""
+        return list({t.model_dump_json(): t for p in self.pairs for t in (p.better, p.worse)}.values())
+
+
+class SideResult(BaseModel):
+    """One side of a pair as judged: ``overall`` is ``None`` when the judgement failed."""
+
+    model_config = ConfigDict(extra="forbid")
+    overall: float | None
+    scores: dict[str, int] = Field(default_factory=dict)
+    rationale: str = ""
+    error: str | None = None
+
+
+class PairResult(BaseModel):
+    """One judged pair; ``right`` when the better side scored strictly higher."""
+
+    model_config = ConfigDict(extra="forbid")
+    id: str
+    kind: str
+    better: SideResult
+    worse: SideResult
+    right: bool
+
+
+class KindTally(BaseModel):
+    """Pairs right out of all pairs of one contrast."""
+
+    model_config = ConfigDict(extra="forbid")
+    right: int = Field(ge=0)
+    total: int = Field(ge=1)
+
+
+class SanityReport(BaseModel):
+    """A judge's result on a sanity set (the JSON ``mascot judge --sanity --out`` writes).
+
+    Attributes:
+        judge: The judge model's name (``metric:<embedder>`` for the metric judge).
+        rubric, rubric_version: The rubric judged with (``metric``, ``None``: the metric judge).
+        roster, target, sanity_set: Which sanity set (``target``: ``reply`` or ``block``).
+        right, total, accuracy: Pairs right, pairs, their ratio.
+        threshold, passed: ``SANITY_THRESHOLD`` and ``accuracy >= threshold``.
+        by_kind: Per contrast, pairs right and pairs.
+        judgements, failed_judgements: Distinct targets judged, and how many failed.
+        seconds: Wall time of the judging.
+        pairs: Every pair with both sides' scores.
+        metric_judge: The metric judge's report on the same set, when it was run.
+    """
+
+    model_config = ConfigDict(extra="forbid")
+    judge: str
+    rubric: str
+    rubric_version: int | None
+    roster: str
+    target: TargetKind
+    sanity_set: str
+    right: int = Field(ge=0)
+    total: int = Field(ge=1)
+    accuracy: float = Field(ge=0.0, le=1.0)
+    threshold: float
+    passed: bool
+    by_kind: dict[str, KindTally]
+    judgements: int = Field(ge=0)
+    failed_judgements: int = Field(ge=0)
+    seconds: float = Field(ge=0.0)
+    pairs: list[PairResult]
+    metric_judge: SanityReport | None = None
+
+    def summary(self) -> str:
+        """One line: pairs right, accuracy and the tally per contrast."""
+        kinds = ", ".join(f"{kind} {t.right}/{t.total}" for kind, t in self.by_kind.items())
+        return f"{self.right}/{self.total} pairs right ({self.accuracy:.0%}); by kind: {kinds}"
+
+
+def list_sanity_sets() -> list[str]:
+    """The ids of the rosters with a shipped sanity set, sorted."""
+    root = resources.files(__package__).joinpath(_DATA)
+    return sorted(p.name.removesuffix(".yaml") for p in root.iterdir() if p.name.endswith(".yaml"))
+
+
+def load_sanity_set(roster: Roster, target: TargetKind, *, path: str | Path | None = None) -> SanitySet:
+    """The sanity pairs of a roster for rubrics that judge ``target`` (``reply``/``block``).
+
+    Args:
+        roster: The roster; its shipped set is used unless ``path`` is given.
+        target: ``reply`` (the ``persona`` rubric) or ``block`` (the ``group`` rubric).
+        path: A sanity set file of the shipped format, for a roster without a shipped set.
+
+    Returns:
+        The set, pairs in file order (items, then contrasts).
+
+    Raises:
+        SanityError: with no shipped set for the roster and no ``path``, or a file that is
+            unreadable, of another roster, names an unknown speaker or contrast, or has no
+            item for ``target``.
+    """
+    if target not in KINDS:
+        raise SanityError(f"no sanity pairs for a '{target}' target; valid: {', '.join(KINDS)}")
+    if path is None:
+        if roster.id not in list_sanity_sets():
+            raise SanityError(f"no shipped sanity set for roster '{roster.id}' (shipped: "
+                              f"{', '.join(list_sanity_sets())}); write one in their format and pass it as a file")
+        path = Path(str(resources.files(__package__).joinpath(_DATA, f"{roster.id}.yaml")))
+    path = Path(path).expanduser()
+    data = _read(path)
+    if data.roster != roster.id:
+        raise SanityError(f"{path}: a sanity set of roster '{data.roster}', not '{roster.id}'")
+    if target == "reply":
+        pairs = [p for item in data.replies for p in _reply_pairs(item, roster, path)]
+    else:
+        pairs = [p for item in data.blocks for p in _block_pairs(item, roster, path)]
+    if not pairs:
+        raise SanityError(f"{path}: no {'replies' if target == 'reply' else 'blocks'} to judge")
+    return SanitySet(roster=roster.id, target=target, source=str(path), pairs=pairs)
+
+
+def _read(path: Path) -> _SanityFile:
+    try:
+        data = read_yaml(path)
+    except YamlFileError as exc:
+        raise SanityError(str(exc)) from None
+    try:
+        return _SanityFile.model_validate(data)
+    except ValidationError as exc:
+        raise SanityError(f"{path}: {_first_error(exc)}") from None
+
+
+def _first_error(exc: ValidationError) -> str:
+    error = exc.errors()[0]
+    return f"field '{'.'.join(str(part) for part in error['loc']) or '(top level)'}': {error['msg']}"
+
+
+def _messages(turns: Sequence[Mapping[str, str]], roster: Roster, where: str) -> list[dict[str, str]]:
+    """One-key ``{speaker: text}`` turns as OpenAI chat messages with persona names."""
+    messages = []
+    for turn in turns:
+        if len(turn) != 1:
+            raise SanityError(f"{where}: a turn is one 'speaker: text' pair, got {sorted(turn)}")
+        [(speaker, text)] = turn.items()
+        if speaker == PERSON:
+            messages.append({"role": "user", "content": text})
+        elif speaker in roster.persona_ids:
+            messages.append({"role": "assistant", "name": speaker, "content": text})
+        else:
+            raise SanityError(f"{where}: unknown speaker '{speaker}'; valid: {PERSON}, {', '.join(roster.persona_ids)}")
+    return messages
+
+
+def _check_kinds(kinds: Sequence[str], target: str, where: str) -> None:
+    unknown = [k for k in kinds if k not in KINDS[target]]
+    if unknown:
+        raise SanityError(f"{where}: unknown contrast '{unknown[0]}'; valid: {', '.join(KINDS[target])}")
+
+
+def _reply_pairs(item: _ReplyItem, roster: Roster, path: Path) -> list[SanityPair]:
+    where = f"{path}: reply '{item.id}'"
+    if item.persona not in roster.persona_ids:
+        raise SanityError(f"{where}: unknown persona '{item.persona}'; valid: {', '.join(roster.persona_ids)}")
+    _check_kinds(list(item.worse), "reply", where)
+    context = _messages(item.conversation, roster, where)
+    direction = StageDirection(speaker=item.persona, action=item.direction.action, tone=item.direction.tone)
+    history = [langchain_message(m["role"], m["content"], m.get("name")) for m in context]
+    prompt = openai_messages(speaker_messages(roster, roster.persona(item.persona), direction, history))
+    episode = f"sanity:{item.id}"
+
+    def side(reply: str, sample: int) -> tuple[Target, JudgedCandidate]:
+        target = reply_target(roster, episode_id=episode, persona=item.persona, context=context, reply=reply,
+                              direction=direction.model_dump(exclude_none=True), sample=sample)
+        return target, JudgedCandidate(context_id=episode, prompt=prompt, persona=item.persona, reply=reply)
+
+    better = side(item.better, 0)
+    return [SanityPair(f"{item.id}/{kind}", kind, better[0], worse[0], better[1], worse[1])
+            for n, (kind, text) in enumerate(item.worse.items(), start=1) for worse in [side(text, n)]]
+
+
+def _block_pairs(item: _BlockItem, roster: Roster, path: Path) -> list[SanityPair]:
+    where = f"{path}: block '{item.id}'"
+    _check_kinds(list(item.worse), "block", where)
+    context = _messages(item.conversation, roster, where)
+    episode = f"sanity:{item.id}"
+
+    def side(turns: list[dict[str, str]], sample: int) -> tuple[Target, JudgedCandidate]:
+        block = _messages(turns, roster, where)
+        target = BlockTarget(episode_id=episode, start=len(context), end=len(context) + len(block), sample=sample,
+                             personas=list(roster.personas), context=conversation_turns(context, roster),
+                             block=conversation_turns(block, roster))
+        reply = render_block(block)
+        return target, JudgedCandidate(context_id=episode, prompt=context, persona=GROUP, reply=reply)
+
+    better = side(item.better, 0)
+    return [SanityPair(f"{item.id}/{kind}", kind, better[0], worse[0], better[1], worse[1])
+            for n, (kind, turns) in enumerate(item.worse.items(), start=1) for worse in [side(turns, n)]]
+
+
+def _report(
+    sanity_set: SanitySet,
+    sides: Sequence[tuple[SideResult, SideResult]],
+    *,
+    judge: str,
+    rubric: str,
+    rubric_version: int | None,
+    judgements: int,
+    failed: int,
+    seconds: float,
+) -> SanityReport:
+    results = []
+    for pair, (better, worse) in zip(sanity_set.pairs, sides, strict=True):
+        right = better.overall is not None and worse.overall is not None and better.overall > worse.overall
+        results.append(PairResult(id=pair.id, kind=pair.kind, better=better, worse=worse, right=right))
+    counts: dict[str, tuple[int, int]] = {}
+    for result in results:
+        right, total = counts.get(result.kind, (0, 0))
+        counts[result.kind] = (right + result.right, total + 1)
+    right = sum(r.right for r in results)
+    accuracy = right / len(results)
+    return SanityReport(
+        judge=judge, rubric=rubric, rubric_version=rubric_version, roster=sanity_set.roster,
+        target=sanity_set.target, sanity_set=sanity_set.source, right=right, total=len(results),
+        accuracy=round(accuracy, 4), threshold=SANITY_THRESHOLD, passed=accuracy >= SANITY_THRESHOLD,
+        by_kind={kind: KindTally(right=r, total=t) for kind, (r, t) in counts.items()},
+        judgements=judgements, failed_judgements=failed, seconds=round(seconds, 3), pairs=results,
+    )
+
+
+def _side(judgement: Judgement) -> SideResult:
+    return SideResult(overall=judgement.overall, scores=judgement.scores, rationale=judgement.rationale,
+                      error=judgement.error)
+
+
+def run_sanity(
+    judge: Judge,
+    sanity_set: SanitySet,
+    *,
+    concurrency: int = 8,
+    on_judgement: Callable[[Judgement], None] | None = None,
+) -> SanityReport:
+    """Judge both sides of every pair (each distinct target once) and score the judge.
+
+    Args:
+        judge: The judge; its rubric must judge the set's kind of target.
+        sanity_set: From ``load_sanity_set``.
+        concurrency: Targets judged at once.
+        on_judgement: Called with each judgement when it is done (progress).
+
+    Returns:
+        The report: accuracy (ties and failed judgements count as wrong), per contrast,
+        every pair's scores, and the seconds the judging took.
+
+    Raises:
+        ValueError: if the rubric judges the other kind of target, or ``concurrency`` < 1.
+        Exception: a model error that is not a transient server fault (see ``Judge.ajudge``).
+    """
+    if judge.rubric.target != sanity_set.target:
+        raise ValueError(f"rubric '{judge.rubric.id}' judges a {judge.rubric.target}; "
+                         f"this sanity set holds {sanity_set.target} pairs")
+    targets = sanity_set.targets()
+    start = time.perf_counter()
+    judged = asyncio.run(judge.ajudge_many(targets, concurrency=concurrency, on_judgement=on_judgement))
+    seconds = time.perf_counter() - start
+    by_key = {t.model_dump_json(): _side(j) for t, j in zip(targets, judged, strict=True)}
+    sides = [(by_key[p.better.model_dump_json()], by_key[p.worse.model_dump_json()]) for p in sanity_set.pairs]
+    return _report(sanity_set, sides, judge=judge.model_name, rubric=judge.rubric.id,
+                   rubric_version=judge.rubric.version, judgements=len(judged),
+                   failed=sum(j.status == "failed" for j in judged), seconds=seconds)
+
+
+def metric_sanity(sanity_set: SanitySet, roster: Roster, *, embedder: Embedder | None = None) -> SanityReport:
+    """The metric judge (``metric_judge.metric_overalls``) on a sanity set, scored as a judge.
+
+    Raises:
+        ValueError: if the set is of another roster.
+    """
+    if roster.id != sanity_set.roster:
+        raise ValueError(f"the sanity set is of roster '{sanity_set.roster}', not '{roster.id}'")
+    embedder = embedder or default_embedder()
+    start = time.perf_counter()
+    candidates = [c for p in sanity_set.pairs for c in (p.better_candidate, p.worse_candidate)]
+    scores = iter(metric_overalls(candidates, roster, embedder=embedder))
+    sides = [(SideResult(overall=round(next(scores), 4)), SideResult(overall=round(next(scores), 4)))
+             for _ in sanity_set.pairs]
+    distinct = len({(c.context_id, c.reply) for c in candidates})
+    return _report(sanity_set, sides, judge=f"metric:{embedder.name}", rubric="metric", rubric_version=None,
+                   judgements=distinct, failed=0, seconds=time.perf_counter() - start)
+
+
+def read_sanity_report(path: str | Path) -> SanityReport:
+    """Read a report written by ``mascot judge --sanity --out``.
+
+    Raises:
+        SanityError: if the file is missing, not JSON or not a sanity report.
+    """
+    path = Path(path).expanduser()
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise SanityError(f"{path}: cannot read the sanity report ({exc.strerror or exc})") from None
+    try:
+        return SanityReport.model_validate_json(text)
+    except ValidationError as exc:
+        raise SanityError(f"{path}: not a judge sanity report ({_first_error(exc)})") from None
+
+
+def sanity_metric_weight(report: SanityReport) -> float:
+    """The metric judge's weight in the labels by the judge's sanity accuracy:
+    ``SANITY_FALLBACK_WEIGHT`` (0.5) below ``SANITY_THRESHOLD`` (0.7), else 0 (judge only)."""
+    return SANITY_FALLBACK_WEIGHT if report.accuracy < SANITY_THRESHOLD else 0.0
