@@ -1,5 +1,6 @@
-"""mascot.graphs, mascot.rosters and mascot.policies (except the local backend) import
-without torch, and graphs and policies never import each other."""
+"""The dependency rules of the layout: mascot.graphs, mascot.rosters and mascot.policies
+(except policies/local/) import without torch; graphs and policies never import each other;
+policies never imports training; nothing imports mascot.cli but the entry point."""
 
 from __future__ import annotations
 
@@ -37,9 +38,11 @@ def test_the_blocker_works() -> None:
     assert result.returncode != 0 and "blocked: torch" in result.stderr
 
 
-def _imports(folder: str) -> set[str]:
+def _imports(folder: str, *, skip: str | None = None) -> set[str]:
     names: set[str] = set()
-    for path in (ROOT / folder).rglob("*.py"):
+    for path in (ROOT / "mascot" / folder).rglob("*.py"):
+        if skip and path.is_relative_to(ROOT / "mascot" / skip):
+            continue
         for node in ast.walk(ast.parse(path.read_text())):
             if isinstance(node, ast.ImportFrom) and node.module:
                 names.add(node.module)
@@ -53,6 +56,47 @@ def test_dependency_direction() -> None:
     assert not any(n.startswith("mascot.policies") for n in graphs)
     assert not any(n.startswith("mascot.graphs") for n in policies)
     assert not any(n.startswith(("mascot.graphs", "mascot.policies", "mascot.training")) for n in rosters)
+    assert not any(n.startswith("mascot.training") for n in policies)
+
+
+def test_the_folders_are_the_packages() -> None:
+    import mascot.graphs
+    import mascot.policies
+    import mascot.rosters
+    import mascot.training
+
+    for package in (mascot.graphs, mascot.policies, mascot.rosters, mascot.training):
+        assert Path(package.__file__).parent == ROOT / "mascot" / package.__name__.split(".")[1]
+    assert "package-dir" not in (ROOT / "pyproject.toml").read_text()
+
+
+def test_only_the_entry_point_imports_the_cli() -> None:
+    users = set()
+    for path in (ROOT / "mascot").rglob("*.py"):
+        if path.is_relative_to(ROOT / "mascot" / "cli") or path.name == "__main__.py":
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            modules = ([node.module] if isinstance(node, ast.ImportFrom) and node.module
+                       else [a.name for a in node.names] if isinstance(node, ast.Import) else [])
+            if any(m == "mascot.cli" or m.startswith("mascot.cli.") for m in modules):
+                users.add(str(path.relative_to(ROOT)))
+    assert users == set()
+
+
+def test_torch_only_in_the_local_backend() -> None:
+    heavy = {"torch", "transformers", "peft", "trl", "accelerate", "tokenizers"}
+    outside = {n for n in _imports("policies", skip="policies/local") if n.split(".")[0] in heavy}
+    assert outside == set()
+
+
+def test_a_model_name_resolves_without_torch(tmp_path: Path) -> None:
+    (tmp_path / "config.json").write_text("{}")
+    result = _run("from mascot.policies.model_source import resolve_model, LocalModelError\n"
+                  f"print(resolve_model({str(tmp_path)!r}))\n"
+                  "try:\n    resolve_model('/no/such/model')\nexcept LocalModelError as exc:\n    print(exc)\n"
+                  "assert 'torch' not in sys.modules")
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.splitlines() == [str(tmp_path), "no model directory at /no/such/model"]
 
 
 def test_importing_rosters_loads_neither_training_nor_langgraph() -> None:

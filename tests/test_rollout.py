@@ -23,7 +23,7 @@ from mascot.training.episodes.rollout import (
     plan_episodes,
 )
 from mascot.training.jsonl import JsonlAppender, JsonlError, exclusive
-from mascot.training.redaction import Redactor
+from mascot.redaction import Redactor
 from mascot.training.retry import model_retry_policy, transient_error
 
 

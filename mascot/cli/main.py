@@ -7,8 +7,6 @@ import logging
 import sys
 from collections.abc import Sequence
 
-import openai
-
 from mascot.cli import (
     chat,
     episodes,
@@ -21,15 +19,22 @@ from mascot.cli import (
     serve,
     tiny_model,
 )
-from mascot.cli.options import UsageError, err, masked
-from mascot.offline_model import OfflineModelError
-from mascot.policies import PolicyError
+from mascot.cli.options import err, masked
 from mascot.rosters import RosterError
-from mascot.training.data.pairs import PairsError
-from mascot.training.episodes.checkpoint_import import CheckpointImportError
-from mascot.training.episodes.rollout import RolloutError
-from mascot.training.jsonl import JsonlError
-from mascot.training.judging.rubric import RubricError
+
+#: What a user's input or setup causes (module, class): one line each, exit 2. Looked up only
+#: in modules already loaded (an error can only come from one that is), so that light
+#: commands such as ``--help`` and ``rosters check`` load no LangChain, LangGraph or torch.
+_USER_ERRORS = (
+    ("mascot.cli.options", "UsageError"),
+    ("mascot.policies.spec", "PolicyError"),
+    ("mascot.training.jsonl", "JsonlError"),
+    ("mascot.training.episodes.checkpoint_import", "CheckpointImportError"),
+    ("mascot.training.episodes.rollout", "RolloutError"),
+    ("mascot.training.judging.rubric", "RubricError"),
+    ("mascot.training.data.pairs", "PairsError"),
+    ("mascot.offline_model", "OfflineModelError"),
+)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -49,16 +54,29 @@ def main(argv: Sequence[str] | None = None) -> int:
         return args.run(args)
     except RosterError as exc:  # a file with several problems: one line each
         return _fail(exc.summary, exc.problems)
-    except (UsageError, PolicyError, JsonlError, CheckpointImportError, RolloutError,
-            RubricError, PairsError, OfflineModelError, FileNotFoundError) as exc:
-        return _fail(str(exc))
-    except openai.APIConnectionError as exc:
-        return _fail(f"cannot reach the model server: {exc.__cause__ or exc}; is it running at that --base-url?")
-    except openai.APIStatusError as exc:
-        return _fail(f"the model server answered {exc.status_code}: {exc.message}")
     except KeyboardInterrupt:
         err.print("interrupted")
         return 130
+    except Exception as exc:
+        message = _user_error(exc)
+        if message is None:
+            raise
+        return _fail(message)
+
+
+def _user_error(exc: Exception) -> str | None:
+    """The one-line message for an error a user can fix, or None for a defect (re-raised)."""
+    if isinstance(exc, FileNotFoundError):
+        return str(exc)
+    if any(isinstance(exc, getattr(sys.modules[module], name))
+           for module, name in _USER_ERRORS if module in sys.modules):
+        return str(exc)
+    openai = sys.modules.get("openai")
+    if openai is not None and isinstance(exc, openai.APIConnectionError):
+        return f"cannot reach the model server: {exc.__cause__ or exc}; is it running at that --base-url?"
+    if openai is not None and isinstance(exc, openai.APIStatusError):
+        return f"the model server answered {exc.status_code}: {exc.message}"
+    return None
 
 
 class _ConsoleHandler(logging.Handler):

@@ -4,14 +4,16 @@ from __future__ import annotations
 
 import argparse
 import logging
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pydantic import ValidationError
 from rich.console import Console
 
-from mascot.policies import Policies, PolicySpec, load_policy_specs
+from mascot.redaction import RedactingFilter, Redactor, add_secret_variables, file_redactor
 from mascot.rosters import Roster, Scenario, load_scenarios, roster_path, scenario_path
-from mascot.training.redaction import RedactingFilter, Redactor, add_secret_variables, file_redactor
+
+if TYPE_CHECKING:  # imported where used: `mascot --help` and `rosters` load no LangChain
+    from mascot.policies import Policies, PolicySpec
 
 DEFAULT_MODEL = "Qwen/Qwen3-0.6B"
 #: Values of the tuning flags when neither they nor a policy file set them (the reply
@@ -91,6 +93,8 @@ def with_budgets(policies: Policies, given: dict[str, int] | None) -> Policies:
     Every named role gets an entry of its own (a copy of the spec it answered with), so a
     budget for the speakers never reaches the Director through ``default``.
     """
+    from mascot.policies import Policies
+
     if not given:
         return policies
     if "*" in given:
@@ -121,6 +125,8 @@ def policies_from_args(args: argparse.Namespace, roster: Roster) -> Policies:
     Raises:
         UsageError: on conflicting flags.
     """
+    from mascot.policies import Policies, load_policy_specs
+
     if args.policies and (args.base_url or args.model):
         raise UsageError("use either --policies or --model/--base-url, not both")
     given = {k: getattr(args, k) for k in _DEFAULTS if getattr(args, k) is not None}
@@ -147,6 +153,8 @@ def spec_from_flags(fields: dict[str, object], flag_prefix: str = "--") -> Polic
     Raises:
         UsageError: naming the flag (``flag_prefix`` + the field) of the first bad value.
     """
+    from mascot.policies import PolicySpec
+
     try:
         return PolicySpec.model_validate(fields)
     except ValidationError as exc:

@@ -33,7 +33,7 @@ from mascot.training.judging.judge import Judge, JudgePanel
 from mascot.training.judging.judgement import Judgement, JudgementCache, read_judgements
 from mascot.training.judging.rubric import Rubric, RubricError, list_rubrics, load_rubric
 from mascot.training.judging.targets import block_targets, reply_target, reply_targets
-from mascot.training.redaction import Redactor
+from mascot.redaction import Redactor
 from mascot.training.retry import model_retry_policy, transient_error
 
 __all__ = [

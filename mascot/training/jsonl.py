@@ -19,7 +19,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from mascot.training.redaction import file_redactor
+from mascot.redaction import file_redactor
 
 logger = logging.getLogger(__name__)
 
