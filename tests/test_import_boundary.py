@@ -9,6 +9,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[1]
 
 BLOCK_TORCH = """
@@ -124,3 +126,21 @@ def test_root_type_checking_imports_match_the_lazy_table() -> None:
     import mascot
 
     assert checked == set(mascot.__all__)
+
+
+@pytest.mark.parametrize("argv", [["--help"], ["rosters", "check", "emotional_support"], ["rosters"]])
+def test_light_commands_load_no_langchain_langgraph_or_torch(argv: list[str]) -> None:
+    result = _run("from mascot.cli import main\n"
+                  f"try:\n    code = main({argv!r})\nexcept SystemExit as exc:\n    code = exc.code\n"
+                  "heavy = sorted({m.split('.')[0] for m in sys.modules} & {'langchain_core', 'langchain_openai',"
+                  " 'langgraph', 'openai', 'torch', 'transformers'})\n"
+                  "print(code, heavy, file=sys.stderr)")
+    assert result.returncode == 0, result.stderr
+    assert result.stderr.strip().splitlines()[-1] == "0 []"
+
+
+def test_the_cli_baseline_names_are_the_graphs() -> None:
+    from mascot.cli.options import BASELINES
+    from mascot.graphs import BASELINES as GRAPH_BASELINES
+
+    assert BASELINES == GRAPH_BASELINES

@@ -9,19 +9,7 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-from langchain_core.language_models.fake_chat_models import FakeListChatModel
-from langchain_core.messages import AIMessageChunk, HumanMessage
-from langgraph.checkpoint.sqlite import SqliteSaver
-from langgraph.types import Command
-
-from mascot.cli.options import UsageError, add_policy_flags, err, out, policies_from_args, positive
-from mascot.graphs import (
-    BASELINES,
-    DIRECTOR_NODE,
-    create_baseline_graph,
-    create_director_graph,
-    openai_messages,
-)
+from mascot.cli.options import BASELINES, UsageError, add_policy_flags, err, out, policies_from_args, positive
 from mascot.rosters import Roster, load_roster
 
 _QUIT = {"/quit", "/exit", "/q"}
@@ -50,6 +38,10 @@ def add_commands(commands: argparse._SubParsersAction) -> None:
 
 
 def _graph(args: argparse.Namespace) -> int:
+    from langchain_core.language_models.fake_chat_models import FakeListChatModel
+
+    from mascot.graphs import create_baseline_graph, create_director_graph
+
     roster = load_roster(args.roster)
     drawing_only = FakeListChatModel(responses=[""])  # no model is called to draw
     if args.baseline:
@@ -61,6 +53,10 @@ def _graph(args: argparse.Namespace) -> int:
 
 
 def _chat(args: argparse.Namespace) -> int:
+    from langgraph.checkpoint.sqlite import SqliteSaver
+
+    from mascot.graphs import create_director_graph, openai_messages
+
     roster = load_roster(args.roster)
     policies = policies_from_args(args, roster)
     builder = create_director_graph(
@@ -103,12 +99,16 @@ def _chat(args: argparse.Namespace) -> int:
 
 def _one_round(graph: Any, config: dict, message: str, roster: Roster, *, quiet: bool) -> None:
     """Run one round and print each turn with the direction that produced it."""
+    from langchain_core.messages import HumanMessage
+
     for update in graph.stream({"messages": [HumanMessage(message)]}, config, stream_mode="updates"):
         if not quiet:
             _print_update(update, roster)
 
 
 def _print_update(update: dict[str, Any], roster: Roster) -> None:
+    from mascot.graphs import DIRECTOR_NODE
+
     for node, values in update.items():
         if not isinstance(values, dict):
             continue
@@ -131,6 +131,11 @@ def _print_direction(direction: dict[str, Any]) -> None:
 
 def _interactive(graph: Any, config: dict, roster: Roster, *, quiet: bool) -> None:
     """A terminal conversation: persona tokens stream, the graph interrupts for input."""
+    from langchain_core.messages import AIMessageChunk, HumanMessage
+    from langgraph.types import Command
+
+    from mascot.graphs import DIRECTOR_NODE
+
     names = ", ".join(f"{p.name} ({p.id})" for p in roster.personas)
     err.print(f"Talking with {names}. Empty line or /quit ends.", markup=False)
     text = _read_line()

@@ -5,8 +5,8 @@ from __future__ import annotations
 import argparse
 import asyncio
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from langchain_core.tracers.langchain import wait_for_all_tracers
 from rich.progress import (
     BarColumn,
     MofNCompleteColumn,
@@ -18,6 +18,7 @@ from rich.progress import (
 )
 
 from mascot.cli.options import (
+    BASELINES,
     UsageError,
     add_policy_flags,
     err,
@@ -29,20 +30,10 @@ from mascot.cli.options import (
     positive,
     roster_scenarios,
 )
-from mascot.graphs import BASELINES, create_baseline_graph, create_director_graph
-from mascot.rollout_workers import EPISODES_MISSING, end_with_parent, run_workers
 from mascot.rosters import load_profiles, load_roster, load_scenarios
-from mascot.training.episodes.checkpoint_import import import_checkpoints
-from mascot.training.episodes.episode import TurnPolicy, read_episodes
-from mascot.training.episodes.rollout import (
-    RolloutStatus,
-    collect_episodes,
-    failures_path,
-    plan_episodes,
-)
-from mascot.training.episodes.trace import JsonlTracer
-from mascot.training.jsonl import check_writable, exclusive
-from mascot.training.retry import model_retry_policy
+
+if TYPE_CHECKING:
+    from mascot.training.episodes.rollout import RolloutStatus
 
 
 def add_commands(commands: argparse._SubParsersAction) -> None:
@@ -92,6 +83,16 @@ def add_commands(commands: argparse._SubParsersAction) -> None:
 
 
 def _rollout(args: argparse.Namespace) -> int:
+    from langchain_core.tracers.langchain import wait_for_all_tracers
+
+    from mascot.graphs import create_baseline_graph, create_director_graph
+    from mascot.rollout_workers import EPISODES_MISSING, end_with_parent, run_workers
+    from mascot.training.episodes.episode import TurnPolicy, read_episodes
+    from mascot.training.episodes.rollout import RolloutStatus, collect_episodes, failures_path, plan_episodes
+    from mascot.training.episodes.trace import JsonlTracer
+    from mascot.training.jsonl import check_writable, exclusive
+    from mascot.training.retry import model_retry_policy
+
     roster = load_roster(args.roster)
     scenarios = load_scenarios(args.scenarios) if args.scenarios else roster_scenarios(args.roster, "rollout")
     profiles = load_profiles(args.profiles) if args.profiles else list(roster.user_profiles)
@@ -211,6 +212,8 @@ def _progress() -> Progress:
 
 
 def _import_logs(args: argparse.Namespace) -> int:
+    from mascot.training.episodes.checkpoint_import import import_checkpoints
+
     roster = load_roster(args.roster)
     redact = mask_secrets_in_logs()
     report = import_checkpoints(

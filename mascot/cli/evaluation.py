@@ -7,18 +7,17 @@ from pathlib import Path
 
 from mascot.cli.options import (
     UsageError,
+    add_judge_flags,
     budgets,
     err,
+    judge_policies_from_args,
     mask_secrets_in_logs,
     out,
     positive,
     roster_scenarios,
-    spec_from_flags,
     with_budgets,
 )
-from mascot.policies import Policies
 from mascot.rosters import load_profiles, load_roster, load_scenarios
-from mascot.training.retry import model_retry_policy
 
 
 def add_commands(commands: argparse._SubParsersAction) -> None:
@@ -34,12 +33,7 @@ def add_commands(commands: argparse._SubParsersAction) -> None:
     evaluate.add_argument("--scenarios", metavar="FILE", help="held-out scenarios (default: the roster's)")
     evaluate.add_argument("--profiles", metavar="FILE", help="user profiles (default: the roster's)")
     evaluate.add_argument("--episodes", type=positive, default=8, metavar="N", help="episodes per system")
-    judge = evaluate.add_mutually_exclusive_group(required=True)
-    judge.add_argument("--judge-model", metavar="M", help="judge model: a local model, or a served name with "
-                                                          "--judge-base-url")
-    judge.add_argument("--judge-policies", metavar="FILE", help="policy file whose 'judge' role judges")
-    evaluate.add_argument("--judge-base-url", metavar="URL", help="OpenAI-compatible endpoint of --judge-model")
-    evaluate.add_argument("--judge-api-key-env", metavar="VAR", help="variable with the judge endpoint's key")
+    add_judge_flags(evaluate, required=True)
     evaluate.add_argument("--max-rounds", type=positive, default=2, metavar="N")
     evaluate.add_argument("--max-speakers", type=positive, default=3, metavar="N")
     evaluate.add_argument("--max-tokens", type=budgets, metavar="N|ROLE=N,...",
@@ -58,11 +52,13 @@ def add_commands(commands: argparse._SubParsersAction) -> None:
 
 
 def _eval(args: argparse.Namespace) -> int:
+    from mascot.policies import Policies
     from mascot.training.evaluation.comparison import ABLATIONS, BASELINE_SYSTEMS, EvalPlan, evaluate
     from mascot.training.evaluation.report import summarize, write_report
     from mascot.training.judging.judge import Judge
     from mascot.training.judging.judgement import JudgementCache
     from mascot.training.judging.rubric import load_rubric
+    from mascot.training.retry import model_retry_policy
 
     roster = load_roster(args.roster)
     if not Path(args.policies).is_file():
@@ -73,14 +69,7 @@ def _eval(args: argparse.Namespace) -> int:
     systems = ["trained", *baselines, *(ABLATIONS if args.ablations else ())]
     scenarios = load_scenarios(args.scenarios) if args.scenarios else roster_scenarios(args.roster, "eval")
     profiles = load_profiles(args.profiles) if args.profiles else list(roster.user_profiles)
-    if args.judge_policies:
-        judge_policies = Policies.from_file(args.judge_policies, roster, seed=args.seed)
-    else:
-        kind = "openai" if args.judge_base_url else "local"
-        fields = {"kind": kind, "model": args.judge_model, "temperature": 0.0}
-        if kind == "openai":
-            fields.update(base_url=args.judge_base_url, api_key_env=args.judge_api_key_env)
-        judge_policies = Policies({"judge": spec_from_flags(fields, "--judge-")}, roster, seed=args.seed)
+    judge_policies = judge_policies_from_args(args, roster)
     mask_secrets_in_logs(trained)
     mask_secrets_in_logs(judge_policies)
     folder = Path(args.out)

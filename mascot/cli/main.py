@@ -9,12 +9,13 @@ from collections.abc import Sequence
 
 from mascot.cli import (
     chat,
+    data,
     episodes,
     evaluation,
+    fitting,
     judging,
     offline_model,
     pipeline,
-    policy_training,
     rosters,
     serve,
     tiny_model,
@@ -108,8 +109,9 @@ def _parser() -> argparse.ArgumentParser:
     rosters.add_commands(commands)
     chat.add_commands(commands)
     episodes.add_commands(commands)
+    data.add_commands(commands)
     judging.add_commands(commands)
-    policy_training.add_commands(commands)
+    fitting.add_commands(commands)
     serve.add_commands(commands)
     evaluation.add_commands(commands)
     evaluation.add_show_command(commands)

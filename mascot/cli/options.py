@@ -19,6 +19,9 @@ DEFAULT_MODEL = "Qwen/Qwen3-0.6B"
 #: Values of the tuning flags when neither they nor a policy file set them (the reply
 #: budgets default per role: ``mascot.policies.spec.ROLE_MAX_TOKENS``).
 _DEFAULTS = {"temperature": 0.7, "timeout": 60.0}
+#: The baseline graphs' names, for the flags that choose one without loading LangGraph
+#: (``mascot.graphs.BASELINES``; a test keeps the two equal).
+BASELINES = ("single", "round_robin", "random", "all")
 #: Roles a ``--max-tokens role=N`` budget may name; ``speakers`` means every persona.
 BUDGET_ROLES = ("director", "speakers", "user", "judge")
 
@@ -160,6 +163,45 @@ def spec_from_flags(fields: dict[str, object], flag_prefix: str = "--") -> Polic
     except ValidationError as exc:
         error = exc.errors()[0]
         raise UsageError(f"{flag_prefix}{str(error['loc'][0]).replace('_', '-')}: {error['msg']}") from None
+
+
+def add_judge_flags(parser: argparse.ArgumentParser, *, required: bool) -> None:
+    """Add the flags that choose the judge, the same in every command that judges:
+    ``--judge-model M [--judge-base-url URL --judge-api-key-env VAR]`` or ``--judge-policies FILE``."""
+    group = parser.add_argument_group("judge (one of)")
+    choice = group.add_mutually_exclusive_group(required=required)
+    choice.add_argument("--judge-model", metavar="HF_ID_OR_PATH",
+                        help="judge model: a local model, or a served name with --judge-base-url")
+    choice.add_argument("--judge-policies", metavar="FILE", help="policy file whose 'judge' role judges")
+    group.add_argument("--judge-base-url", metavar="URL", help="OpenAI-compatible endpoint of --judge-model")
+    group.add_argument("--judge-api-key-env", metavar="VAR", help="variable with the judge endpoint's key")
+
+
+def judge_policies_from_args(args: argparse.Namespace, roster: Roster) -> Policies | None:
+    """The policies of the judge flags (``add_judge_flags``), or None when none was given.
+
+    The judge samples at temperature 0 unless its policy file says otherwise.
+
+    Raises:
+        UsageError: on a judge flag that needs another, or a bad value (naming the flag).
+    """
+    from mascot.policies import Policies
+
+    if args.judge_policies:
+        if args.judge_base_url or args.judge_api_key_env:
+            raise UsageError("--judge-base-url and --judge-api-key-env go with --judge-model, not --judge-policies")
+        return Policies.from_file(args.judge_policies, roster, seed=args.seed)
+    if not args.judge_model:
+        if args.judge_base_url or args.judge_api_key_env:
+            raise UsageError("--judge-base-url needs --judge-model NAME (the served judge's name)")
+        return None
+    if args.judge_api_key_env and not args.judge_base_url:
+        raise UsageError("--judge-api-key-env only applies with --judge-base-url")
+    kind = "openai" if args.judge_base_url else "local"
+    fields: dict[str, object] = {"kind": kind, "model": args.judge_model, "temperature": 0.0}
+    if kind == "openai":
+        fields.update(base_url=args.judge_base_url, api_key_env=args.judge_api_key_env)
+    return Policies({"judge": spec_from_flags(fields, "--judge-")}, roster, seed=args.seed)
 
 
 def mask_secrets_in_logs(policies: Policies | None = None) -> Redactor:

@@ -11,12 +11,15 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import httpx
 import yaml
 
 from mascot.cli.options import UsageError, err, out, positive
-from mascot.policies.serving import ServedPolicies, client_policies, reload_adapters, vllm_command
+
+if TYPE_CHECKING:  # imported where used: `mascot --help` loads no LangChain
+    from mascot.policies.serving import ServedPolicies
 
 #: Seconds to wait for a started vLLM server to answer /health.
 VLLM_START_TIMEOUT = 900
@@ -49,6 +52,8 @@ def add_commands(commands: argparse._SubParsersAction) -> None:
 
 
 def _serve(args: argparse.Namespace) -> int:
+    from mascot.policies.serving import ServedPolicies, reload_adapters
+
     served = ServedPolicies.from_file(args.policies)
     api_key = _api_key(args.api_key_env)
     if args.reload:
@@ -86,6 +91,8 @@ def _serve(args: argparse.Namespace) -> int:
 
 def _vllm(args: argparse.Namespace, served: ServedPolicies, url: str) -> int:
     extra = ["--served-model-name", args.served_model_name] if args.served_model_name else []
+    from mascot.policies.serving import vllm_command
+
     argv, env = vllm_command(served, host=args.host, port=args.port, api_key_env=args.api_key_env,
                              allow_runtime_lora=args.allow_runtime_lora, extra=extra)
     shown = " ".join(f"{k}={v}" for k, v in env.items())
@@ -135,6 +142,8 @@ def _write_client_policies(args: argparse.Namespace, served: ServedPolicies, url
                            base_name: str | None = None) -> None:
     if not args.client_policies:
         return
+    from mascot.policies.serving import client_policies
+
     data = client_policies(served, url, api_key_env=args.api_key_env)
     if base_name:
         for entry in data["roles"].values():

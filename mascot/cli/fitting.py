@@ -1,10 +1,11 @@
-"""The commands that train the policies: ``mascot train-speakers`` and ``mascot train-director``.
+"""The commands that fit LoRA adapters: ``mascot train-rm``, ``train-speakers`` and ``train-director``.
 
-Both read a recipe with TRL's parser (``--config`` plus TRL flags such as
-``--learning_rate 1e-5``), save one PEFT adapter per trained role under ``--out`` with an
-adapter card, and register it in a policy file, so ``mascot chat --policies FILE`` runs
-on the new adapters. Run again after an interruption, they skip the adapters already
-finished and resume the interrupted one from its last checkpoint.
+Each reads a recipe with TRL's parser (``--config`` plus TRL flags such as
+``--learning_rate 1e-5``). ``train-rm`` saves a reward model under ``--out``; the other two
+save one PEFT adapter per trained role under ``--out`` with an adapter card and register it
+in a policy file, so ``mascot chat --policies FILE`` runs on the new adapters. Run again
+after an interruption, they skip the adapters already finished and resume the interrupted
+one from its last checkpoint.
 """
 
 from __future__ import annotations
@@ -14,10 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from mascot.cli.options import UsageError, add_recipe_flags, err, mask_secrets_in_logs, out, recipe_from_args
-from mascot.policies import Policies
 from mascot.rosters import Roster, load_roster
-from mascot.training.episodes.episode import read_episodes
-from mascot.training.fitting.adapter_registry import register_adapter
 
 #: Policy file written under ``--out`` when ``--policy-file`` is not given.
 POLICY_FILE = "policies.yaml"
@@ -26,7 +24,13 @@ SHARED_ADAPTER = "speakers"
 
 
 def add_commands(commands: argparse._SubParsersAction) -> None:
-    """Add ``train-speakers`` and ``train-director`` to the command line."""
+    """Add ``train-rm``, ``train-speakers`` and ``train-director`` to the command line."""
+    train_rm = commands.add_parser("train-rm", help="train a LoRA reward model on preference pairs")
+    train_rm.add_argument("--pairs", required=True, metavar="DIR", help="folder from mascot pairs")
+    add_recipe_flags(train_rm, "RewardModelConfig", "RewardConfig")
+    train_rm.add_argument("--out", required=True, metavar="DIR")
+    train_rm.set_defaults(run=_train_rm)
+
     speakers = commands.add_parser(
         "train-speakers", help="fit a LoRA adapter per persona: GRPO on a persona RM, or DPO on pairs")
     speakers.add_argument("--roster", required=True, metavar="ID_OR_PATH")
@@ -64,6 +68,7 @@ def _add_common(parser: argparse.ArgumentParser, ours: str, trainer: str) -> Non
 
 def _train_speakers(args: argparse.Namespace) -> int:
     from mascot.training.fitting.adapter_folder import AdapterFolderError, adapter_target, is_finished
+    from mascot.training.fitting.adapter_registry import register_adapter
     from mascot.training.fitting.reward_model import RewardModel, RewardModelError
     from mascot.training.fitting.speaker_dpo import SpeakerDPOConfig, SpeakerDPOError, train_speaker_dpo
     from mascot.training.fitting.speaker_training import (
@@ -133,8 +138,10 @@ def _train_speakers(args: argparse.Namespace) -> int:
 
 
 def _train_director(args: argparse.Namespace) -> int:
+    from mascot.policies import Policies
     from mascot.training.data.block_rollout import BlockRollout, decision_points
     from mascot.training.fitting.adapter_folder import AdapterFolderError, adapter_target, is_finished
+    from mascot.training.fitting.adapter_registry import register_adapter
     from mascot.training.fitting.director_training import DirectorTrainingConfig, train_director
     from mascot.training.fitting.reward_model import RewardModel, RewardModelError
 
@@ -205,6 +212,8 @@ def _personas(ids: list[str], roster: Roster) -> list[str]:
 
 
 def _episodes(path: str, roster: Roster | None = None) -> list[Any]:
+    from mascot.training.episodes.episode import read_episodes
+
     if not Path(path).is_file():
         raise UsageError(f"--episodes: no such file {path}")
     episodes = read_episodes(path)
@@ -241,3 +250,25 @@ def _main_process() -> bool:
 
 def _number(value: float | None) -> str:
     return "-" if value is None else f"{value:.3f}"
+
+
+def _train_rm(args: argparse.Namespace) -> int:
+    from mascot.training.data.pairs import read_pairs
+    from mascot.training.fitting.reward_model import RewardModelConfig, RewardModelError, train_reward_model
+
+    folder = Path(args.pairs)
+    if not (folder / "train.jsonl").is_file():
+        raise UsageError(f"--pairs: no train.jsonl in {folder} (make it with `mascot pairs`)")
+    train = read_pairs(folder / "train.jsonl")
+    test = read_pairs(folder / "test.jsonl") if (folder / "test.jsonl").is_file() else []
+    config, base = recipe_from_args(RewardModelConfig, args)
+    err.print(f"training a reward model on {len(train)} pairs ({len(test)} held out) from {base}", markup=False)
+    try:
+        report = train_reward_model(train, test, base=base, out=args.out, config=config)
+    except RewardModelError as exc:  # torch is imported only here, so the error class too
+        raise UsageError(str(exc)) from None
+    accuracy = (f"held-out pairwise accuracy {report.accuracy_before:.2f} -> {report.accuracy_after:.2f}"
+                if report.accuracy_after is not None else "no held-out pairs")
+    out.print(f"train-rm: {report.out}: {accuracy}, {report.steps} steps, loss {report.train_loss:.3f}, "
+              f"{report.seconds:.0f} s", markup=False)
+    return 0
