@@ -53,7 +53,7 @@ from mascot.training.evaluation.metrics import (
     speaker_balance,
 )
 from mascot.training.fitting.recipe import LoraRecipe
-from mascot.training.fitting.rewards import RewardFunction
+from mascot.training.fitting.rewards import RewardFunction, completion_text
 from mascot.training.fitting.speaker_training import SpeakerReport, train_speaker
 
 #: ``direction_validity`` of each outcome of interpreting a direction.
@@ -169,7 +169,7 @@ class DirectorRewards:
 
     def blocks(self, completions: Sequence[Any], context_id: Sequence[str]) -> list[Block]:
         """The blocks of a batch, played on the first call for it."""
-        texts = [c if isinstance(c, str) else "".join(m["content"] for m in c) for c in completions]
+        texts = [completion_text(c) for c in completions]
         batch = tuple(zip(context_id, texts, strict=True))
         if batch != self._batch:
             self._blocks = self.rollout.run([self.points[i] for i in context_id], texts)

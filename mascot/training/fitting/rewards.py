@@ -47,7 +47,9 @@ def _label_pattern(labels: Iterable[str]) -> str:
     )
 
 
-def _text(completion: Sample) -> str:
+def completion_text(completion: Sample) -> str:
+    """The text of a TRL completion: a plain string as is, a conversational one as its
+    assistant messages' contents joined by line breaks (what every reward reads)."""
     if isinstance(completion, str):
         return completion
     return "\n".join(m["content"] for m in completion if m.get("role", "assistant") == "assistant")
@@ -70,7 +72,7 @@ def _score(text: str, *, prefix: re.Pattern[str], others: re.Pattern[str], max_w
 
 def _format_function(prefix: re.Pattern[str], others: re.Pattern[str], max_words: int) -> RewardFunction:
     def format_reward(prompts: Sequence[Sample], completions: Sequence[Sample], **kwargs: Any) -> list[float | None]:
-        return [_score(_text(c), prefix=prefix, others=others, max_words=max_words) for c in completions]
+        return [_score(completion_text(c), prefix=prefix, others=others, max_words=max_words) for c in completions]
 
     return format_reward
 
@@ -106,7 +108,7 @@ def format_reward(
     """
     prefix = re.compile(r"^\s*" + _ANY_LABEL)
     others = re.compile(r"\n[ \t]*" + _ANY_LABEL)
-    return [_score(_text(c), prefix=prefix, others=others, max_words=max_words) for c in completions]
+    return [_score(completion_text(c), prefix=prefix, others=others, max_words=max_words) for c in completions]
 
 
 def roster_format_reward(roster: Roster, persona: str | None, *, max_words: int = MAX_WORDS) -> RewardFunction:

@@ -40,7 +40,7 @@ from mascot.training.fitting.adapter_folder import (
     train_resuming,
 )
 from mascot.training.fitting.recipe import LoraRecipe
-from mascot.training.fitting.rewards import RewardFunction, roster_format_reward, weighted_rewards
+from mascot.training.fitting.rewards import RewardFunction, completion_text, roster_format_reward, weighted_rewards
 
 logger = logging.getLogger(__name__)
 
@@ -131,7 +131,7 @@ def round_redundancy_reward(prompts: Sequence[Any], completions: Sequence[Any], 
     other voices' turns earlier in its round (``round_turns``, a column of
     ``speaker_prompts``); 0.0 for the round's first voice. Range [-1, 0] in practice."""
     embedder = default_embedder()
-    texts = [c if isinstance(c, str) else "\n".join(m["content"] for m in c) for c in completions]
+    texts = [completion_text(c) for c in completions]
     return [redundancy([*earlier, text], embedder=embedder)[-1] * -1.0 if earlier else 0.0
             for text, earlier in zip(texts, round_turns, strict=True)]
 
