@@ -144,3 +144,15 @@ def test_the_cli_baseline_names_are_the_graphs() -> None:
     from mascot.graphs import BASELINES as GRAPH_BASELINES
 
     assert BASELINES == GRAPH_BASELINES
+
+
+def test_message_conversions_live_in_one_module() -> None:
+    tree = ast.parse((ROOT / "mascot" / "messages.py").read_text())
+    imported = {node.module for node in ast.walk(tree) if isinstance(node, ast.ImportFrom)}
+    assert not any(m.startswith("mascot") for m in imported)  # graphs, policies and training all use it
+    defined = {"openai_messages", "chat_messages", "langchain_message", "to_chat", "_openai"}
+    for path in (ROOT / "mascot").rglob("*.py"):
+        if path.name == "messages.py":
+            continue
+        functions = {n.name for n in ast.walk(ast.parse(path.read_text())) if isinstance(n, ast.FunctionDef)}
+        assert not functions & defined, f"{path.relative_to(ROOT)} converts messages itself"

@@ -14,10 +14,9 @@ from fakes import PromptChat
 from mascot.cli import main
 from mascot.graphs.direction import StageDirection
 from mascot.graphs.prompts import speaker_messages
-from mascot.graphs.state import openai_messages
+from mascot.messages import langchain_message, openai_messages
 from mascot.rosters import Roster, load_roster
 from mascot.testing.stub_server import start_stub_server
-from mascot.training.data.candidates import langchain_message
 from mascot.training.judging.judge import Judge
 from mascot.training.judging.judge_sanity import (
     KINDS,

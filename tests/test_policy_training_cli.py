@@ -132,9 +132,9 @@ def test_unknown_flags_of_other_commands_are_refused(capsys: pytest.CaptureFixtu
 
 def _candidate_rows(episodes: Path) -> list[dict]:
     """Each persona turn of the episodes as a candidate (its prompt in OpenAI format)."""
-    from mascot.policies.local.chat_model import to_chat
+    from mascot.messages import chat_messages
 
     contexts = candidate_contexts(read_episodes(episodes), load_roster("emotional_support"))
     return [{"context_id": c.context_id, "episode_id": c.episode_id, "turn": c.turn, "persona": c.persona,
              "stage_direction": c.direction.model_dump(exclude_none=True), "context": c.context,
-             "prompt": to_chat(c.prompt), "reply": "", "sample": 0} for c in contexts]
+             "prompt": chat_messages(c.prompt), "reply": "", "sample": 0} for c in contexts]

@@ -71,7 +71,7 @@ def trained_adapter(offline_model: Path, roster: Roster, tmp_path_factory: pytes
     """One GRPO step of the Anchor on the real model (toy reward), registered in a policy file."""
     from datasets import Dataset
 
-    from mascot.policies.local.chat_model import to_chat
+    from mascot.messages import chat_messages
     from mascot.training.fitting.adapter_registry import register_adapter
     from mascot.training.fitting.speaker_training import train_speaker
 
@@ -79,7 +79,7 @@ def trained_adapter(offline_model: Path, roster: Roster, tmp_path_factory: pytes
     direction = StageDirection(speaker="anchor", action="acknowledge how hard this is", tone="warm")
     from langchain_core.messages import HumanMessage
 
-    prompts = [to_chat(speaker_messages(roster, persona, direction, [HumanMessage(s.opening)]))
+    prompts = [chat_messages(speaker_messages(roster, persona, direction, [HumanMessage(s.opening)]))
                for s in load_scenarios(roster.id)[:2]]
 
     def short_reward(prompts: list, completions: list, **kwargs: Any) -> list[float]:

@@ -19,11 +19,11 @@ from mascot.graphs.reply import clean_reply
 from mascot.graphs.state import (
     DirectorState,
     Fallback,
-    openai_messages,
     persona_speakers,
     stage_directions,
 )
 from mascot.graphs.user import USER_NODE
+from mascot.messages import openai_messages  # the episode format of a graph's messages
 
 __all__ = [
     "BASELINES",

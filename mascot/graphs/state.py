@@ -82,25 +82,3 @@ def allowed_speakers(
     heard = set(round_speakers(messages))
     choices = tuple(pid for pid in roster.persona_ids if pid not in heard)
     return choices + ((USER,) if round_turns >= min_speakers_per_round else ())
-
-
-def openai_messages(messages: list[AnyMessage]) -> list[dict[str, Any]]:
-    """The conversation in OpenAI chat format, with persona names and stage directions.
-
-    Persona turns become ``{"role": "assistant", "name": <persona id>, "content": ...,
-    "stage_direction": {...}}``; the person's turns ``{"role": "user", ...}``.
-    """
-    rows: list[dict[str, Any]] = []
-    for message in messages:
-        if isinstance(message, AIMessage):
-            row: dict[str, Any] = {"role": "assistant", "content": message.text}
-            if message.name:
-                row["name"] = message.name
-            if "stage_direction" in message.additional_kwargs:
-                row["stage_direction"] = message.additional_kwargs["stage_direction"]
-            rows.append(row)
-        elif message.type == "human":
-            rows.append({"role": "user", "content": message.text})
-        elif message.type == "system":
-            rows.append({"role": "system", "content": message.text})
-    return rows

@@ -20,13 +20,13 @@ def mascot(*args: str, env: dict[str, str] | None = None, timeout: float = 300) 
 
 def write_warm_over_curt_pairs(episodes: Path, folder: Path) -> Path:
     """Preference pairs on every persona turn of ``episodes``: a warm reply over a curt one."""
-    from mascot.policies.local.chat_model import to_chat
+    from mascot.messages import chat_messages
     from mascot.rosters import load_roster
     from mascot.training.data.candidates import candidate_contexts
     from mascot.training.data.pairs import JudgedCandidate, build_pairs, write_pairs
     from mascot.training.episodes.episode import read_episodes
 
-    judged = [JudgedCandidate(context_id=c.context_id, prompt=to_chat(c.prompt), persona=c.persona, reply=reply,
+    judged = [JudgedCandidate(context_id=c.context_id, prompt=chat_messages(c.prompt), persona=c.persona, reply=reply,
                               overall=overall)
               for c in candidate_contexts(read_episodes(episodes), load_roster("emotional_support"))
               for reply, overall in (("That sounds hard. What would help most tonight?", 90.0), ("fine.", 10.0))]

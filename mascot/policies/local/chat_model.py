@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterator, Mapping
 from operator import itemgetter
 from typing import Any, Literal
 
@@ -17,11 +17,11 @@ from langchain_core.runnables import Runnable, RunnableLambda, RunnableMap, Runn
 from langchain_core.runnables.config import run_in_executor
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from mascot.messages import chat_messages
 from mascot.policies.local.backend import LocalBackend
 from mascot.policies.local.generation import cut_at_stop
 from mascot.policies.thinking import chat_template_kwargs
 
-_ROLES = {"system": "system", "human": "user", "ai": "assistant"}
 # run metadata that varies the seed: rollouts set the first two, LangGraph the others
 _SEED_METADATA = ("episode_id", "sample", "langgraph_node", "langgraph_step")
 
@@ -62,7 +62,7 @@ class LocalChatModel(BaseChatModel):
         **kwargs: Any,
     ) -> ChatResult:
         result = self.backend.generate(
-            [to_chat(messages)],
+            [chat_messages(messages)],
             adapters=[self.adapter],
             seed=self._seed(run_manager),
             stop=stop,
@@ -153,7 +153,7 @@ class LocalChatModel(BaseChatModel):
     ) -> Iterator[ChatGenerationChunk]:
         text = ""
         pieces = self.backend.stream(
-            to_chat(messages),
+            chat_messages(messages),
             adapter=self.adapter,
             seed=self._seed(run_manager),
             json_schema=kwargs.get("json_schema"),
@@ -210,21 +210,6 @@ class LocalChatModel(BaseChatModel):
             "adapter": self.adapter,
             "adapter_version": self.backend.adapter_versions.get(self.adapter) if self.adapter else None,
         }
-
-
-def to_chat(messages: Sequence[BaseMessage]) -> list[dict[str, str]]:
-    """LangChain messages as chat-template dicts (``role``/``content``).
-
-    Raises:
-        ValueError: on a message type a chat template cannot take (e.g. tool calls).
-    """
-    chat = []
-    for message in messages:
-        role = _ROLES.get(message.type)
-        if role is None:
-            raise ValueError(f"the local backend cannot send a '{message.type}' message")
-        chat.append({"role": role, "content": message.text})
-    return chat
 
 
 def _schema_parser(schema: Any) -> tuple[dict[str, Any], Any]:

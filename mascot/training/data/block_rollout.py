@@ -30,10 +30,8 @@ from langgraph.checkpoint.memory import InMemorySaver
 from mascot.graphs import StageDirection, create_director_graph
 from mascot.graphs.direction import interpret_direction
 from mascot.graphs.prompts import director_messages
-from mascot.graphs.state import openai_messages
-from mascot.policies.local.chat_model import to_chat
+from mascot.messages import chat_messages, langchain_message, openai_messages
 from mascot.rosters import Roster
-from mascot.training.data.candidates import langchain_message
 from mascot.training.episodes.episode import Episode
 
 
@@ -122,7 +120,7 @@ def decision_points(
                 episode_id=episode.id, cut=cut, messages=tuple(history), round=rounds, round_turns=round_turns,
                 scenario=episode.scenario.model_dump() if episode.scenario else None,
                 user_profile=episode.user_profile.model_dump() if episode.user_profile else None,
-                prompt=tuple(to_chat(prompt)),
+                prompt=tuple(chat_messages(prompt)),
             ))
     return points
 

@@ -19,19 +19,19 @@ from pathlib import Path
 from typing import Any
 
 from langchain_core.language_models import BaseChatModel
-from langchain_core.messages import AIMessage, BaseMessage, HumanMessage, SystemMessage
+from langchain_core.messages import BaseMessage
 from pydantic import BaseModel, ConfigDict, Field
 
 from mascot.graphs import StageDirection, clean_reply
 from mascot.graphs.prompts import speaker_messages
 from mascot.graphs.reply import speaker_labels, user_labels
+from mascot.messages import chat_messages, langchain_message
 from mascot.rosters import Roster
 from mascot.training.episodes.episode import Episode, TurnPolicy
 from mascot.training.jsonl import JsonlAppender, check_writable, exclusive, read_jsonl
 
 logger = logging.getLogger(__name__)
 
-_ROLES = {"system": "system", "human": "user", "ai": "assistant"}
 
 
 class Candidate(BaseModel):
@@ -183,7 +183,7 @@ async def sample_candidates(
                 appender.write(Candidate(
                     context_id=context.context_id, episode_id=context.episode_id, turn=context.turn,
                     persona=context.persona, stage_direction=context.direction.model_dump(exclude_none=True),
-                    context=context.context, prompt=[_openai(m) for m in context.prompt], reply=text,
+                    context=context.context, prompt=chat_messages(context.prompt), reply=text,
                     sample=sample, policy=policies.get(context.persona),
                 ).model_dump(mode="json", exclude_none=True))
                 report.written += 1
@@ -216,14 +216,3 @@ def _clean(text: str, roster: Roster, persona_id: str) -> str:
     return clean_reply(text, own=speaker_labels(persona.id, persona.name), others=others)
 
 
-def langchain_message(role: str, content: str, name: str | None) -> BaseMessage:
-    """An OpenAI-format episode message as the LangChain message the graph holds."""
-    if role == "user":
-        return HumanMessage(content)
-    if role == "system":
-        return SystemMessage(content)
-    return AIMessage(content, name=name)
-
-
-def _openai(message: BaseMessage) -> dict[str, str]:
-    return {"role": _ROLES[message.type], "content": message.text}

@@ -23,7 +23,7 @@ from datasets import Dataset
 from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback, set_seed
 from trl import GRPOConfig, GRPOTrainer
 
-from mascot.policies.local.chat_model import to_chat
+from mascot.messages import chat_messages
 from mascot.policies.local.model_loading import quiet_loading
 from mascot.policies.model_source import resolve_model
 from mascot.policies.thinking import chat_template_kwargs
@@ -156,7 +156,7 @@ def speaker_prompts(episodes: Sequence[Episode], roster: Roster, persona: str | 
     if persona is not None:
         roster.persona(persona)
     rows = [
-        {"prompt": to_chat(c.prompt), "persona": c.persona, "context_id": c.context_id,
+        {"prompt": chat_messages(c.prompt), "persona": c.persona, "context_id": c.context_id,
          "round_turns": round_persona_turns(c.context, roster.persona_ids)}
         for c in candidate_contexts(episodes, roster)
         if persona is None or c.persona == persona

@@ -31,10 +31,9 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from mascot.graphs.direction import StageDirection
 from mascot.graphs.prompts import speaker_messages
-from mascot.graphs.state import openai_messages
+from mascot.messages import langchain_message, openai_messages
 from mascot.rosters import Roster
 from mascot.rosters.yaml_file import YamlFileError, read_yaml
-from mascot.training.data.candidates import langchain_message
 from mascot.training.data.pairs import JudgedCandidate
 from mascot.training.evaluation.metrics import Embedder, default_embedder
 from mascot.training.judging.judge import Judge
