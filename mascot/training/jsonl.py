@@ -17,11 +17,15 @@ import threading
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
+
+from pydantic import BaseModel, ValidationError
 
 from mascot.redaction import file_redactor
 
 logger = logging.getLogger(__name__)
+
+Record = TypeVar("Record", bound=BaseModel)
 
 
 class JsonlError(ValueError):
@@ -85,6 +89,31 @@ def read_jsonl(path: str | Path) -> Iterator[tuple[int, dict[str, Any]]]:
             logger.warning("%s:%d: skipped a %s", path, number, what)
             continue
         yield number, record
+
+
+def read_records(path: str | Path, model: type[Record], what: str) -> Iterator[tuple[int, Record]]:
+    """Yield ``(line number, record)`` for every line of a JSONL file, validated as ``model``.
+
+    Lines that are not JSON objects are skipped as ``read_jsonl`` does; a missing file
+    yields nothing.
+
+    Raises:
+        JsonlError: ``PATH:LINE: not WHAT (field 'F': why)`` for the first line that does
+            not validate, or when the file cannot be read.
+    """
+    for number, data in read_jsonl(path):
+        try:
+            record = model.model_validate(data)
+        except ValidationError as exc:
+            raise JsonlError(f"{path}:{number}: not {what} ({record_error(exc)})") from None
+        yield number, record
+
+
+def record_error(exc: ValidationError) -> str:
+    """A record's validation error as one line: the first bad field and why."""
+    error = exc.errors()[0]
+    field = ".".join(str(p) for p in error["loc"]) or "(top level)"
+    return f"field '{field}': {error['msg']}"
 
 
 def _lines(path: Path) -> Iterator[tuple[int, bytes]]:

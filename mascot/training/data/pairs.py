@@ -15,18 +15,16 @@ context (and no prompt) is in both.
 from __future__ import annotations
 
 import hashlib
-import json
 import logging
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from itertools import combinations
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field
 
-from mascot.training.episodes.episode import Episode
-from mascot.training.jsonl import JsonlError, read_jsonl, rewrite_jsonl
+from mascot.training.jsonl import JsonlError, read_records, rewrite_jsonl
 
 logger = logging.getLogger(__name__)
 
@@ -314,13 +312,8 @@ def read_pairs(path: str | Path) -> list[dict[str, Any]]:
         raise PairsError(f"no pairs file at {path}")
     pairs = []
     try:
-        for number, record in read_jsonl(path):
-            try:
-                pairs.append(PreferencePair.model_validate(record).model_dump(mode="json"))
-            except ValidationError as exc:
-                error = exc.errors()[0]
-                field = ".".join(str(p) for p in error["loc"]) or "(top level)"
-                raise PairsError(f"{path}:{number}: not a preference pair (field '{field}': {error['msg']})") from None
+        for _, pair in read_records(path, PreferencePair, "a preference pair"):
+            pairs.append(pair.model_dump(mode="json"))
     except JsonlError as exc:
         raise PairsError(str(exc)) from None
     return pairs

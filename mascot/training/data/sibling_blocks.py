@@ -17,10 +17,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field
 
 from mascot.rosters import Roster
-from mascot.training.jsonl import JsonlAppender, JsonlError, check_writable, exclusive, read_jsonl
+from mascot.training.jsonl import JsonlAppender, JsonlError, check_writable, exclusive, read_records
 from mascot.training.judging.targets import BlockTarget, conversation_turns, render_block
 
 if TYPE_CHECKING:  # reading and judging blocks needs no model (the rollout loads torch)
@@ -146,13 +146,7 @@ def read_block_candidates(path: str | Path) -> list[BlockCandidate]:
     """
     blocks = []
     try:
-        for number, record in read_jsonl(path):
-            try:
-                blocks.append(BlockCandidate.model_validate(record))
-            except ValidationError as exc:
-                error = exc.errors()[0]
-                field = ".".join(str(p) for p in error["loc"]) or "(top level)"
-                raise SiblingBlockError(f"{path}:{number}: not a sibling block (field '{field}': {error['msg']})") from None
+        blocks.extend(block for _, block in read_records(path, BlockCandidate, "a sibling block"))
     except JsonlError as exc:
         raise SiblingBlockError(str(exc)) from None
     return blocks

@@ -12,7 +12,7 @@ from langchain_core.messages import AIMessage, BaseMessage
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from mascot.rosters import Scenario, UserProfile
-from mascot.training.jsonl import JsonlError, read_jsonl
+from mascot.training.jsonl import JsonlError, read_jsonl, record_error
 
 logger = logging.getLogger(__name__)
 
@@ -225,9 +225,7 @@ def parse_episode(record: Mapping[str, Any], where: str) -> Episode:
     try:
         return Episode.model_validate(record)
     except ValidationError as exc:
-        error = exc.errors()[0]
-        field = ".".join(str(p) for p in error["loc"]) or "(top level)"
-        raise ValueError(f"{where}: not an episode (field '{field}': {error['msg']})") from None
+        raise ValueError(f"{where}: not an episode ({record_error(exc)})") from None
 
 
 def read_episodes(path: str | Path) -> list[Episode]:

@@ -19,7 +19,7 @@ from langchain_core.messages import BaseMessage
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from mascot.graphs import DirectionError, read_direction_json
-from mascot.training.jsonl import JsonlAppender, check_writable, exclusive, read_jsonl
+from mascot.training.jsonl import JsonlAppender, check_writable, exclusive, read_jsonl, record_error
 from mascot.training.judging.rubric import LEVELS, Rubric
 
 logger = logging.getLogger(__name__)
@@ -84,7 +84,7 @@ def read_judgements(path: str | Path) -> list[Judgement]:
         try:
             judgements.append(Judgement.model_validate(record))
         except ValidationError as exc:
-            logger.warning("%s:%d: not a judgement (%s); skipped", path, number, exc.errors()[0]["msg"])
+            logger.warning("%s:%d: not a judgement (%s); skipped", path, number, record_error(exc))
     return judgements
 
 
