@@ -105,3 +105,27 @@ def test_user_mistakes_get_one_line_and_exit_2(args: list[str], message: str) ->
     assert result.returncode == 2
     assert message in result.stderr
     assert "Traceback" not in result.stderr
+
+
+def test_chat_refuses_a_db_that_is_no_checkpoint_database(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    import sqlite3
+
+    from mascot.cli import main
+
+    garbage = tmp_path / "notes.txt"
+    garbage.write_text("not a database, just text that is long enough to fill a header\n" * 4)
+    other = tmp_path / "other.db"
+    with sqlite3.connect(other) as connection:
+        connection.execute("CREATE TABLE invoices (id INTEGER)")
+    connection.close()
+    chat = ["chat", "--roster", "emotional_support", "--model", "m", "--message", "hi", "--db"]
+    assert main([*chat, str(garbage)]) == 2
+    assert capsys.readouterr().err.splitlines() == [f"mascot: error: --db: {garbage} is not a SQLite database"]
+    assert main([*chat, str(other)]) == 2
+    stderr = capsys.readouterr().err
+    assert stderr.count("\n") == 1 and "no LangGraph checkpoint tables (checkpoints, writes)" in stderr
+    with sqlite3.connect(other) as connection:  # left as it was
+        assert [r[0] for r in connection.execute("SELECT name FROM sqlite_master")] == ["invoices"]
+    connection.close()
+    assert main([*chat, str(tmp_path)]) == 2
+    assert "is not a regular file" in capsys.readouterr().err

@@ -181,7 +181,7 @@ def test_every_bad_scenario_line_is_listed(tmp_path: Path) -> None:
     with pytest.raises(RosterError) as info:
         load_scenarios(path)
     assert info.value.problems == (
-        "line 2: not valid JSON (Expecting property name enclosed in double quotes)",
+        "line 2: not valid JSON at column 2 (Expecting property name enclosed in double quotes)",
         "line 3: field 'valence': Input should be 'negative', 'mixed' or 'positive' (got 'sad')",
         f"line 4: duplicate scenario id '{good['id']}' (first on line 1)",
     )
@@ -191,6 +191,7 @@ def test_every_bad_scenario_line_is_listed(tmp_path: Path) -> None:
     ("director", "'director' is reserved: it names the Director's node in the graph"),
     ("assistant", "'assistant' is reserved: it names the single baseline's assistant node in the graph"),
     ("user", "'user' is reserved: it names the person's turn in the graph"),
+    ("speakers", "'speakers' is reserved: it names every persona at once in the CLI's `--max-tokens speakers=N`"),
 ])
 def test_reserved_persona_ids_are_refused_with_the_reason(persona_id: str, reason: str, tmp_path: Path,
                                                           capsys: pytest.CaptureFixture[str]) -> None:
@@ -256,6 +257,42 @@ def test_eval_names_the_scenario_file_it_looked_for(tmp_path: Path, monkeypatch:
     assert stderr.splitlines() == [
         f"mascot: error: no scenario file at {tmp_path / 'scenarios.jsonl'} (eval reads scenarios.jsonl "
         "beside the roster's roster.yaml): write one there, or pass --scenarios FILE.jsonl"]
+
+
+def test_duplicates_are_listed_with_the_other_problems(tmp_path: Path) -> None:
+    data = _three_mistakes()
+    data["personas"][2]["id"] = data["personas"][0]["id"]
+    data["user_profiles"].append(dict(data["user_profiles"][1]))
+    path = _write(tmp_path, data)
+    with pytest.raises(RosterError) as info:
+        load_roster(path)
+    assert [p.split(":")[0] for p in info.value.problems] == [
+        "field 'version'", "field 'personas.1.persona'", "field 'personas'", "field 'user_profiles.0.openness'",
+        "field 'user_profiles'"]
+    assert info.value.problems[2] == f"field 'personas': duplicate persona id: {data['personas'][0]['id']}"
+    assert info.value.problems[4] == f"field 'user_profiles': duplicate user profile id: {data['user_profiles'][1]['id']}"
+    assert info.value.summary == f"{path}: 5 problems:"
+
+
+def test_a_roster_path_that_is_no_regular_file_is_refused(tmp_path: Path) -> None:
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    (tmp_path / "empty").mkdir()
+    for path in ("/dev/zero", str(fifo), str(tmp_path / "empty")):
+        with pytest.raises(RosterError) as info:
+            load_roster(path)
+        assert "\n" not in str(info.value) and "no such file" in str(info.value)
+        with pytest.raises(RosterError, match="no such scenario file"):
+            load_scenarios(path if path != str(tmp_path / "empty") else tmp_path / "empty" / "x.jsonl")
+
+
+def test_a_json_error_keeps_its_whole_reason_and_column(tmp_path: Path) -> None:
+    path = tmp_path / "s.jsonl"
+    good = load_scenarios("emotional_support")[0].model_dump_json()
+    path.write_text(good + '\n{"id": "abc\n')
+    with pytest.raises(RosterError) as info:
+        load_scenarios(path)
+    assert str(info.value) == f"{path}:2: not valid JSON at column 8 (Unterminated string starting at)"
 
 
 def test_roster_error_pickles_with_its_problems(tmp_path: Path) -> None:

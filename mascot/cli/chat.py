@@ -6,6 +6,7 @@ import argparse
 import json
 import sqlite3
 import uuid
+from contextlib import closing
 from pathlib import Path
 from typing import Any
 
@@ -52,11 +53,42 @@ def _graph(args: argparse.Namespace) -> int:
     return 0
 
 
+def _checkpoint_db(arg: str) -> str:
+    """The ``--db`` to open: in memory, a new file, or a SQLite database that holds the
+    LangGraph checkpoint tables or no tables yet; anything else is refused, not changed.
+
+    Raises:
+        UsageError: on a missing directory, a path that is no regular file, a file that is
+            not a SQLite database, or a database holding other tables but no checkpoints.
+    """
+    if arg == ":memory:":
+        return arg
+    path = Path(arg).expanduser()
+    if not path.parent.is_dir():
+        raise UsageError(f"--db: directory of {arg} does not exist")
+    if not path.exists():
+        return str(path)
+    if not path.is_file():
+        raise UsageError(f"--db: {arg} is not a regular file")
+    try:
+        with closing(sqlite3.connect(f"{path.resolve().as_uri()}?mode=ro", uri=True)) as probe:
+            tables = {row[0] for row in probe.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+    except sqlite3.DatabaseError as exc:
+        what = "is not a SQLite database" if "not a database" in str(exc) else f"cannot be read ({exc})"
+        raise UsageError(f"--db: {arg} {what}") from None
+    if tables and not {"checkpoints", "writes"} <= tables:
+        raise UsageError(f"--db: {arg} holds other tables ({', '.join(sorted(tables))}) but no LangGraph "
+                         "checkpoint tables (checkpoints, writes): not a chat checkpoint database; "
+                         "pass a new file")
+    return str(path)
+
+
 def _chat(args: argparse.Namespace) -> int:
     from langgraph.checkpoint.sqlite import SqliteSaver
 
     from mascot.graphs import create_director_graph, openai_messages
 
+    db = _checkpoint_db(args.db)
     roster = load_roster(args.roster)
     policies = policies_from_args(args, roster)
     builder = create_director_graph(
@@ -68,9 +100,6 @@ def _chat(args: argparse.Namespace) -> int:
         max_speakers_per_round=args.max_speakers,
         structured_output=True,
     )
-    db = args.db if args.db == ":memory:" else str(Path(args.db).expanduser())
-    if db != ":memory:" and not Path(db).parent.is_dir():
-        raise UsageError(f"--db: directory of {args.db} does not exist")
     connection = sqlite3.connect(db, check_same_thread=False)
     try:
         graph = builder.compile(checkpointer=SqliteSaver(connection))

@@ -188,7 +188,7 @@ def _validate_items(items: list[tuple[str, object]], path: Path, model: type[_M]
     first_seen: dict[str, str] = {}
     for where, data in items:
         if isinstance(data, json.JSONDecodeError):
-            problems.append(f"{where}: not valid JSON ({data.msg})")
+            problems.append(f"{where}: not valid JSON at column {data.colno} ({data.msg})")
             continue
         item, found = _check(model, data)
         problems += [f"{where}: {problem}" for problem in found]
@@ -218,8 +218,41 @@ _B = TypeVar("_B", bound=BaseModel)
 def _validate(model: type[_B], data: object, path: Path) -> _B:
     item, problems = _check(model, data)
     if item is None:
+        if model is Roster and isinstance(data, dict):
+            problems = _with_duplicates(data, problems)
         raise _error(path, problems)
     return item
+
+
+#: The roster's lists whose items must be unique: (field, label, key of an item's raw data).
+_UNIQUE = (
+    ("personas", "persona id", lambda item: item.get("id")),
+    ("personas", "persona name", lambda item: item.get("name").lower() if isinstance(item.get("name"), str) else None),
+    ("user_profiles", "user profile id", lambda item: item.get("id")),
+)
+
+
+def _with_duplicates(data: dict, problems: list[str]) -> list[str]:
+    """``problems`` and the duplicates in the roster's raw lists: the model's uniqueness
+    checks run only on a list whose every item is valid, so a file with an invalid item
+    would list its duplicates only once that item is fixed."""
+    problems = list(problems)
+    for field, label, key in _UNIQUE:
+        items = data.get(field)
+        if not isinstance(items, list):
+            continue
+        keys = [key(i) for i in items if isinstance(i, dict)]
+        keys = [k.strip() for k in keys if isinstance(k, str) and k.strip()]
+        duplicates = sorted({k for k in keys if keys.count(k) > 1})
+        problem = f"field '{field}': duplicate {label}: {', '.join(duplicates)}"
+        if not duplicates or problem in problems:
+            continue
+        # after the field's other problems, as the model's own check would place it
+        at = max((n + 1 for n, p in enumerate(problems) if p.startswith(f"field '{field}")), default=None)
+        if at is None:
+            at = len(problems)
+        problems.insert(at, problem)
+    return problems
 
 
 def _error(path: Path, problems: list[str]) -> RosterError:

@@ -23,6 +23,7 @@ RESERVED_IDS: dict[str, str] = {
     "assistant": "it names the single baseline's assistant node in the graph",
     "judge": "it names the judge's role in a policy file",
     "default": "it names the fallback role in a policy file",
+    "speakers": "it names every persona at once in the CLI's `--max-tokens speakers=N`",
 }
 
 ID_PATTERN = r"^[a-z][a-z0-9_]{0,39}$"
