@@ -49,6 +49,11 @@ def test_serve_local_and_chat_against_it(tiny_model: Path, tmp_path: Path) -> No
         roles = yaml.safe_load(client.read_text())["roles"]
         assert roles["anchor"]["model"] == "anchor" and roles["anchor"]["api_key_env"] == "SERVE_KEY"
         assert "serve-key" not in client.read_text()
+        models = httpx.get(f"http://127.0.0.1:{port}/v1/models", timeout=10,
+                           headers={"Authorization": "Bearer serve-key-0123456789"}).json()["data"]
+        assert models[0]["id"] == tiny_model.name  # the folder's name, not its absolute path
+        assert str(tiny_model) not in json.dumps([m["id"] for m in models])
+        assert roles["default"]["model"] == tiny_model.name
         chat = subprocess.run([MASCOT, "chat", "--roster", "emotional_support", "--policies", str(client),
                                "--message", "I failed my exam.", "--max-tokens", "8", "--temperature", "1",
                                "--seed", "0", "--json"], env=env, capture_output=True, text=True, timeout=120)

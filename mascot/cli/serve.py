@@ -60,7 +60,7 @@ def _serve(args: argparse.Namespace) -> int:
         if not args.url:
             raise UsageError("--reload needs --url (the running server, e.g. http://127.0.0.1:8000/v1)")
         names = reload_adapters(args.url, served, api_key=api_key)
-        _write_client_policies(args, served, args.url)
+        _write_client_policies(args, served, args.url, base_name=_served_name(args, served))
         out.print(f"serve: reloaded {', '.join(names) or 'no adapters'} into {args.url}", markup=False)
         return 0
     url = f"http://{args.host}:{args.port}/v1"
@@ -80,17 +80,17 @@ def _serve(args: argparse.Namespace) -> int:
     adapters_dir = Path(args.adapters_dir or Path(args.policies).parent)
     if not adapters_dir.is_dir():
         raise UsageError(f"--adapters-dir: no such folder {adapters_dir}")
-    app = create_app(backend, served_name=args.served_model_name or served.base, api_key=api_key,
+    app = create_app(backend, served_name=_served_name(args, served), api_key=api_key,
                      adapters_dir=adapters_dir, allow_runtime_lora=args.allow_runtime_lora,
                      limits=ServerLimits(max_tokens=args.max_tokens_cap))
-    _write_client_policies(args, served, url, base_name=args.served_model_name)
+    _write_client_policies(args, served, url, base_name=_served_name(args, served))
     out.print(f"serve: {served.base} + {', '.join(served.adapters) or 'no adapters'} at {url}", markup=False)
     uvicorn.run(app, host=args.host, port=args.port, log_level="warning")
     return 0
 
 
 def _vllm(args: argparse.Namespace, served: ServedPolicies, url: str) -> int:
-    extra = ["--served-model-name", args.served_model_name] if args.served_model_name else []
+    extra = ["--served-model-name", _served_name(args, served)]
     from mascot.policies.serving import vllm_command
 
     argv, env = vllm_command(served, host=args.host, port=args.port, api_key_env=args.api_key_env,
@@ -104,7 +104,7 @@ def _vllm(args: argparse.Namespace, served: ServedPolicies, url: str) -> int:
     child_env = {**os.environ, **env}
     if args.api_key_env:
         child_env["VLLM_API_KEY"] = os.environ[args.api_key_env]
-    _write_client_policies(args, served, url, base_name=args.served_model_name)
+    _write_client_policies(args, served, url, base_name=_served_name(args, served))
     err.print(f"starting: {shown} {shlex.join(argv)}".strip(), markup=False)
     process = subprocess.Popen(argv, env=child_env, stdout=sys.stderr, stderr=sys.stderr)  # its log streams through
     try:
@@ -120,6 +120,14 @@ def _vllm(args: argparse.Namespace, served: ServedPolicies, url: str) -> int:
     except KeyboardInterrupt:
         process.terminate()
         return process.wait()
+
+
+def _served_name(args: argparse.Namespace, served: ServedPolicies) -> str:
+    """The base model's name in requests: ``--served-model-name``, else a local model
+    folder's name (its absolute path stays private), else the Hub id as given."""
+    if args.served_model_name:
+        return args.served_model_name
+    return Path(served.base).name if Path(served.base).expanduser().is_dir() else served.base
 
 
 def _api_key(name: str | None) -> str | None:
