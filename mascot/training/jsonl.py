@@ -91,7 +91,8 @@ def read_jsonl(path: str | Path) -> Iterator[tuple[int, dict[str, Any]]]:
         yield number, record
 
 
-def read_records(path: str | Path, model: type[Record], what: str) -> Iterator[tuple[int, Record]]:
+def read_records(path: str | Path, model: type[Record], what: str, *,
+                 skip_invalid: bool = False) -> Iterator[tuple[int, Record]]:
     """Yield ``(line number, record)`` for every line of a JSONL file, validated as ``model``.
 
     Lines that are not JSON objects are skipped as ``read_jsonl`` does; a missing file
@@ -99,13 +100,18 @@ def read_records(path: str | Path, model: type[Record], what: str) -> Iterator[t
 
     Raises:
         JsonlError: ``PATH:LINE: not WHAT (field 'F': why)`` for the first line that does
-            not validate, or when the file cannot be read.
+            not validate (with ``skip_invalid``: a warning in those words, and the line is
+            skipped), or when the file cannot be read.
     """
     for number, data in read_jsonl(path):
         try:
             record = model.model_validate(data)
         except ValidationError as exc:
-            raise JsonlError(f"{path}:{number}: not {what} ({record_error(exc)})") from None
+            message = f"{path}:{number}: not {what} ({record_error(exc)})"
+            if not skip_invalid:
+                raise JsonlError(message) from None
+            logger.warning("%s; skipped", message)
+            continue
         yield number, record
 
 

@@ -20,7 +20,7 @@ from typing import Any
 
 from langchain_core.language_models import BaseChatModel
 from langchain_core.messages import BaseMessage
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field
 
 from mascot.graphs import StageDirection, clean_reply
 from mascot.graphs.prompts import speaker_messages
@@ -28,7 +28,7 @@ from mascot.graphs.reply import speaker_labels, user_labels
 from mascot.messages import chat_messages, langchain_message
 from mascot.rosters import Roster
 from mascot.training.episodes.episode import Episode, TurnPolicy
-from mascot.training.jsonl import JsonlAppender, check_writable, exclusive, read_jsonl, record_error
+from mascot.training.jsonl import JsonlAppender, check_writable, exclusive, read_jsonl, read_records
 
 logger = logging.getLogger(__name__)
 
@@ -199,13 +199,7 @@ async def sample_candidates(
 
 def read_candidates(path: str | Path) -> list[Candidate]:
     """The candidates of a file (unreadable lines are skipped with a warning)."""
-    candidates = []
-    for number, record in read_jsonl(path):
-        try:
-            candidates.append(Candidate.model_validate(record))
-        except ValidationError as exc:
-            logger.warning("%s:%d: not a candidate (%s); skipped", path, number, record_error(exc))
-    return candidates
+    return [record for _, record in read_records(path, Candidate, "a candidate", skip_invalid=True)]
 
 
 def _clean(text: str, roster: Roster, persona_id: str) -> str:

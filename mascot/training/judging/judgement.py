@@ -16,10 +16,10 @@ from pathlib import Path
 from typing import Any, Literal
 
 from langchain_core.messages import BaseMessage
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from mascot.graphs import DirectionError, read_direction_json
-from mascot.training.jsonl import JsonlAppender, check_writable, exclusive, read_jsonl, record_error
+from mascot.training.jsonl import JsonlAppender, check_writable, exclusive, read_records
 from mascot.training.judging.rubric import LEVELS, Rubric
 
 logger = logging.getLogger(__name__)
@@ -79,13 +79,7 @@ class Judgement(BaseModel):
 
 def read_judgements(path: str | Path) -> list[Judgement]:
     """Read a judgement file; records that do not validate are skipped with a warning."""
-    judgements = []
-    for number, record in read_jsonl(path):
-        try:
-            judgements.append(Judgement.model_validate(record))
-        except ValidationError as exc:
-            logger.warning("%s:%d: not a judgement (%s); skipped", path, number, record_error(exc))
-    return judgements
+    return [record for _, record in read_records(path, Judgement, "a judgement", skip_invalid=True)]
 
 
 class JudgementCache:
