@@ -243,9 +243,11 @@ def _sanity(work: Path) -> dict[str, Any]:
 def _reward_models(work: Path) -> dict[str, Any]:
     found = {}
     for name in ("rm-persona", "rm-group"):
-        path = work / name / "reward_model.json"
+        path = work / name / "adapter_card.json"
         if path.is_file():
-            found[name] = json.loads(path.read_text(encoding="utf-8")).get("report", {})
+            card = json.loads(path.read_text(encoding="utf-8"))
+            found[name] = {k: card.get(k) for k in ("data_size", "test_pairs", "accuracy_before", "accuracy_after",
+                                                    "train_loss", "steps", "seconds")}
     for name, folder in (("persona", "pairs"), ("group", "group-pairs")):
         for split in ("train", "test"):
             path = work / folder / f"{split}.jsonl"

@@ -125,9 +125,11 @@ def test_director_grpo_steps(tiny_model: Path, roster: Roster, episodes: list, t
     report = train_director(points, base=str(tiny_model), out=tmp_path, rollout=rollout, group_rm=scorer,
                             config=config, callbacks=[logs])
     rollout.close()
-    assert report.steps == 2 and len(report.rewards) == 2
+    assert report.steps == 2 and len(report.rewards) == 2 and report.decision_points == 4
+    assert report.reward_terms[-1] == "direction_validity" and report.reward_weights[-1] == 1.0
     assert len(scorer.calls) == 2 and all(len(blocks) == 4 for _, blocks in scorer.calls)
     card = json.loads((tmp_path / "director" / "adapter_card.json").read_text())
+    assert (card["method"], card["data_size"], card["rewards"]) == ("grpo", 4, report.rewards)
     assert card["role"] == "director" and card["reward_terms"] == [
         "group_reward_model", "redundancy_penalty", "speaker_balance", "direction_validity"]
     # the tiny random model writes no JSON: every direction was replaced and penalised

@@ -46,7 +46,7 @@ def test_rollout_judge_candidates_pairs_train_rm(tiny_model: Path, tmp_path: Pat
     assert train and all(p["margin"] >= 0.5 and p["chosen"][0]["role"] == "assistant" for p in train)
     rm = mascot("train-rm", "--pairs", str(tmp_path / "pairs"), "--base", str(tiny_model),
                 "--out", str(tmp_path / "rm"))
-    assert "train-rm:" in rm.stdout and (tmp_path / "rm" / "reward_model.json").is_file()
+    assert "train-rm:" in rm.stdout and (tmp_path / "rm" / "adapter_card.json").is_file()
 
 
 def test_group_reward_model_from_sibling_blocks(tiny_model: Path, tmp_path: Path, roster) -> None:

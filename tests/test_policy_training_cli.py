@@ -50,7 +50,7 @@ def workspace(tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Pat
     rm = mascot("train-rm", "--pairs", str(root / "pairs"), "--base", str(tiny_model), "--out", str(root / "rm"),
                 "--max_steps", "2", "--lora_r", "4")
     assert "2 steps" in rm.stdout
-    assert json.loads((root / "rm" / "reward_model.json").read_text())["lora"]["lora_r"] == 4
+    assert json.loads((root / "rm" / "adapter_card.json").read_text())["recipe"]["lora_r"] == 4
     return root
 
 

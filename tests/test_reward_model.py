@@ -28,7 +28,7 @@ MARKER = "hopeful"
 RECIPE = {
     "lora_r": 8,
     "lora_alpha": 16,
-    "training": {"learning_rate": 5e-3, "num_train_epochs": 3, "logging_steps": 100, "disable_tqdm": True},
+    "training": {"learning_rate": 5e-3, "num_train_epochs": 3, "logging_steps": 1, "disable_tqdm": True},
 }
 
 
@@ -101,13 +101,17 @@ def test_only_lora_and_head_moved(trained: tuple) -> None:
 def test_saved_model_reloads_and_scores(trained: tuple) -> None:
     report, snapshots, _, test = trained
     files = {p.name for p in report.out.iterdir()}
-    assert {"adapter_config.json", "adapter_model.safetensors", "reward_model.json", "README.md",
+    assert {"adapter_config.json", "adapter_model.safetensors", "adapter_card.json", "README.md",
             "tokenizer.json"} <= files
-    assert [p.name for p in report.out.parent.iterdir()] == [report.out.name]  # no staging left behind
-    info = json.loads((report.out / "reward_model.json").read_text())
-    assert info["report"]["accuracy_after"] == report.accuracy_after
-    assert info["report"]["train_pairs"] == report.train_pairs and info["lora"]["lora_r"] == 8
-    assert "pairwise accuracy" in (report.out / "README.md").read_text()
+    assert [p.name for p in report.out.parent.iterdir()] == [report.out.name]  # no staging or checkpoints left
+    card = json.loads((report.out / "adapter_card.json").read_text())
+    assert (card["method"], card["role"], card["accuracy_after"]) == ("reward_model", "persona-rm",
+                                                                       report.accuracy_after)
+    assert card["data_size"] == report.train_pairs and card["recipe"]["lora_r"] == 8
+    assert card["reward_metric"] == "margin" and len(card["rewards"]) == report.steps  # logged every step
+    assert card["reward_last"] > card["reward_first"]  # chosen pulls away from rejected
+    readme = (report.out / "README.md").read_text()
+    assert readme.startswith("---\nbase_model: ") and "RewardTrainer" in readme and "margin" in readme
 
     model = RewardModel.load(report.out)
     loaded = dict(model.model.named_parameters())
@@ -149,8 +153,8 @@ def test_retraining_replaces_the_saved_model(trained: tuple, tmp_path: Path) -> 
     second = train_reward_model(train[:16], [], base=report.base, out=out,
                                 config={"training": {"max_steps": 1, "disable_tqdm": True}})
     assert (first.steps, second.steps) == (1, 1) and second.accuracy_after is None
-    info = json.loads((out / "reward_model.json").read_text())
-    assert info["report"]["train_pairs"] == 16
+    card = json.loads((out / "adapter_card.json").read_text())
+    assert card["data_size"] == 16 and card["accuracy_after"] is None
     assert [p.name for p in tmp_path.iterdir()] == ["again"]  # old copy and staging removed
 
 
@@ -194,4 +198,4 @@ def test_default_trainer_settings_run_on_a_cpu(tmp_path: Path) -> None:
         assert args.use_cpu and not args.bf16
     assert not args.gradient_checkpointing and not args.activation_checkpointing
     assert args.report_to == []  # "none" as transformers stores it
-    assert args.learning_rate == 1e-3 and args.save_strategy == "no"
+    assert args.learning_rate == 1e-3 and args.save_strategy == "steps" and args.logging_steps == 1

@@ -3,8 +3,9 @@
 - ``rosters``: rosters, rosters show/check/new/schema
 - ``chat``: graph, chat
 - ``episodes``: rollout, import-logs
-- ``judging``: judge, candidates, blocks, pairs, train-rm
-- ``policy_training``: train-speakers, train-director
+- ``judging``: judge
+- ``data``: candidates, blocks, pairs
+- ``fitting``: train-rm, train-speakers, train-director
 - ``evaluation``: eval, show
 - ``serve``: serve
 - ``pipeline``: pipeline, demo

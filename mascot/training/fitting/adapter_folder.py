@@ -1,8 +1,8 @@
 """A trained adapter's folder: saved whole with its card, and the checkpoints a run resumes from.
 
-Every policy trainer (speaker GRPO and DPO, Director GRPO) writes ``OUT/<name>/``: the PEFT
-adapter, the tokenizer and ``adapter_card.json`` (base model, method, data, reward terms,
-numbers, time, versions). The folder is written beside the old one and swapped in with
+Every trainer (speaker GRPO and DPO, Director GRPO, reward models; see ``lora_run``) writes
+``OUT/<name>/``: the PEFT adapter, the tokenizer, ``adapter_card.json`` and a ``README.md``
+model card. The folder is written beside the old one and swapped in with
 renames, so a crash never leaves half an adapter. While training, TRL's trainer saves
 checkpoints under ``OUT/checkpoints/<name>/``; the same command run again resumes from the
 last one, and they are removed once the adapter is saved.
@@ -31,8 +31,8 @@ logger = logging.getLogger(__name__)
 
 #: The description file saved beside each adapter; its presence marks an adapter folder.
 CARD_FILE = "adapter_card.json"
-#: Version of ``CARD_FILE``'s format.
-FORMAT_VERSION = 1
+#: Version of ``CARD_FILE``'s format (2: one format for every method, ``lora_run``'s).
+FORMAT_VERSION = 2
 #: Folder of ``OUT`` that holds the running trainers' checkpoints.
 CHECKPOINTS = "checkpoints"
 
@@ -84,11 +84,13 @@ def train_resuming(trainer: Any) -> Any:
     return trainer.train(resume_from_checkpoint=last)
 
 
-def save_adapter(model: Any, tokenizer: Any, target: Path, card: Mapping[str, Any]) -> None:
+def save_adapter(model: Any, tokenizer: Any, target: Path, card: Mapping[str, Any], *,
+                 readme: str | None = None) -> None:
     """Save a PEFT model's adapter, the tokenizer and the card to ``target``, whole or not at all.
 
-    The card gets ``format``, ``created_at`` and library ``versions`` added. The run's
-    checkpoints are removed once the adapter is in place.
+    The card gets ``format``, ``created_at`` and library ``versions`` added; ``readme``
+    replaces PEFT's stub ``README.md``. The run's checkpoints are removed once the adapter
+    is in place.
     """
     card = {"format": FORMAT_VERSION, **card, "created_at": datetime.now(UTC).isoformat(timespec="seconds"),
             "versions": {"trl": trl.__version__, "transformers": transformers.__version__,
@@ -100,6 +102,8 @@ def save_adapter(model: Any, tokenizer: Any, target: Path, card: Mapping[str, An
         with quiet_loading():
             model.save_pretrained(stage)
         tokenizer.save_pretrained(stage)
+        if readme is not None:
+            (stage / "README.md").write_text(readme, encoding="utf-8")
         (stage / CARD_FILE).write_text(json.dumps(card, indent=2, default=str) + "\n", encoding="utf-8")
         # The run's checkpoints leave (in one rename) before the card appears: a process
         # killed between the two must never find a card beside pending checkpoints, which
@@ -138,11 +142,3 @@ def base_reference(source: str) -> str:
     """The base model as a card records it: a local folder absolute, a Hub id as given."""
     return str(Path(source).resolve()) if Path(source).is_dir() else source
 
-
-def reward_windows(log_history: list[dict[str, Any]], fraction: float = 0.25) -> dict[str, Any]:
-    """The logged mean rewards and the means of their first and last ``fraction``."""
-    rewards = [float(entry["reward"]) for entry in log_history if "reward" in entry]
-    window = max(1, int(len(rewards) * fraction))
-    return {"rewards": rewards,
-            "reward_first": sum(rewards[:window]) / window if rewards else None,
-            "reward_last": sum(rewards[-window:]) / window if rewards else None}

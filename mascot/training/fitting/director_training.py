@@ -54,7 +54,7 @@ from mascot.training.evaluation.metrics import (
 )
 from mascot.training.fitting.recipe import LoraRecipe
 from mascot.training.fitting.rewards import RewardFunction, completion_text
-from mascot.training.fitting.speaker_training import SpeakerReport, train_speaker
+from mascot.training.fitting.speaker_training import fit_grpo
 
 #: ``direction_validity`` of each outcome of interpreting a direction.
 VALIDITY_REWARD = {"valid": 0.0, "repaired": -0.5, "replaced": -1.0}
@@ -106,6 +106,24 @@ class DirectorTrainingConfig(LoraRecipe):
         if self.block_turns < 1 or self.rollout_concurrency < 1:
             raise ValueError(f"block_turns={self.block_turns}, rollout_concurrency={self.rollout_concurrency}: "
                              "both must be at least 1")
+
+
+@dataclass(frozen=True)
+class DirectorReport:
+    """What ``train_director`` did: where the adapter is, the base as given, decision points
+    trained on, optimizer steps, the mean (weighted) reward per logging step, the means of
+    its first and last quarter, the reward terms and their weights, and wall time."""
+
+    out: Path
+    base: str
+    decision_points: int
+    steps: int
+    rewards: list[float]
+    reward_first: float | None
+    reward_last: float | None
+    reward_terms: list[str]
+    reward_weights: list[float]
+    seconds: float
 
 
 def director_prompts(points: Sequence[DecisionPoint]) -> Dataset:
@@ -264,7 +282,7 @@ def train_director(
     config: DirectorTrainingConfig | Mapping[str, Any] | None = None,
     callbacks: Sequence[TrainerCallback] = (),
     data: str | None = None,
-) -> SpeakerReport:
+) -> DirectorReport:
     """Fit the Director's LoRA adapter with GRPO on block rewards and save it to ``out/director``.
 
     Args:
@@ -279,7 +297,7 @@ def train_director(
         data: What the episodes came from, for the card.
 
     Returns:
-        The report (``persona`` is ``"director"``); its numbers are also in the card.
+        The report; its numbers are also in ``out/director/adapter_card.json``.
 
     Raises:
         ValueError: on no decision points, or a group RM weight without a group RM.
@@ -288,6 +306,9 @@ def train_director(
     if not isinstance(config, DirectorTrainingConfig):
         config = DirectorTrainingConfig.from_dict(config or {})
     rewards = DirectorRewards(points, rollout, group_rm=group_rm)
-    return train_speaker(director_prompts(points), base=base, persona="director", out=out,
-                         reward_funcs=rewards.terms(config), config=config,
-                         callbacks=[_LogTerms(rewards), *callbacks], data=data)
+    run = fit_grpo(director_prompts(points), base=base, name="director", out=out, reward_funcs=rewards.terms(config),
+                   config=config, callbacks=[_LogTerms(rewards), *callbacks], data=data)
+    return DirectorReport(out=run.out, base=base, decision_points=run.data_size, steps=run.steps,
+                          rewards=run.rewards, reward_first=run.reward_first, reward_last=run.reward_last,
+                          reward_terms=run.card["reward_terms"], reward_weights=run.card["reward_weights"],
+                          seconds=run.seconds)

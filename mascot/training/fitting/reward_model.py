@@ -2,7 +2,7 @@
 
 ``train_reward_model`` fits one on preference pairs (TRL's ``RewardTrainer``, Bradley-Terry
 loss), measures held-out pairwise accuracy before and after, and saves the adapter, the
-head and the tokenizer with a model card. ``RewardModel`` loads it back and scores replies;
+head and the tokenizer with the adapter card every trainer writes (``lora_run``). ``RewardModel`` loads it back and scores replies;
 ``RewardModel.reward_function`` gives a reward function in TRL's GRPO protocol.
 
 A sequence is scored exactly as TRL tokenizes it for training: conversational pairs are the
@@ -16,27 +16,21 @@ from __future__ import annotations
 
 import json
 import logging
-import tempfile
-import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, fields
-from datetime import UTC, datetime
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar
 
-import peft
 import torch
-import transformers
-import trl
 from datasets import Dataset
-from peft import PeftModel, get_peft_model
-from transformers import AutoModelForSequenceClassification, AutoTokenizer, TrainerCallback, set_seed
+from peft import PeftModel
+from transformers import AutoTokenizer, TrainerCallback
 from trl import RewardConfig, RewardTrainer
-from trl.trainer.reward_trainer import suppress_seqcls_warning
 
 from mascot.policies.model_source import resolve_model
 from mascot.policies.thinking import chat_template_kwargs
-from mascot.training.fitting.adapter_folder import replace_folder
+from mascot.training.fitting.adapter_folder import CARD_FILE, FORMAT_VERSION
+from mascot.training.fitting.lora_run import fit_lora, load_base_model
 from mascot.training.fitting.recipe import LoraRecipe
 from mascot.training.judging.targets import render_block
 
@@ -44,10 +38,8 @@ logger = logging.getLogger(__name__)
 
 #: The base model of the MASCOT recipe.
 DEFAULT_BASE = "Qwen/Qwen3-0.6B"
-#: The description file saved beside the adapter; its presence marks a reward-model folder.
-INFO_FILE = "reward_model.json"
-#: Version of ``INFO_FILE``'s format.
-FORMAT_VERSION = 1
+#: The description file of reward models saved before the one adapter card (card format 1).
+LEGACY_INFO_FILE = "reward_model.json"
 
 Conversation = Sequence[Mapping[str, Any]]
 Prompt = Conversation | str
@@ -84,7 +76,8 @@ class RewardModelConfig(LoraRecipe):
     # speakers' ~1,000-token prompts held ~24 GB of activations for the backward pass
     trainer_defaults: ClassVar[dict[str, Any]] = {
         "per_device_train_batch_size": 2, "gradient_accumulation_steps": 4, "per_device_eval_batch_size": 2,
-        "num_train_epochs": 1, "max_length": 1024,
+        "num_train_epochs": 1, "max_length": 1024, "logging_steps": 1,
+        "save_strategy": "steps", "save_steps": 25, "save_total_limit": 1,
     }
 
     use_margin: bool = False
@@ -133,19 +126,19 @@ def train_reward_model(
         test_pairs: Held-out rows of the same shape for the accuracy (may be empty).
         base: A local model directory or a Hub id (cached, or reachable).
         out: The folder to save to. Its parent must exist; an existing reward-model
-            folder there is replaced only once the new one is complete.
+            folder there is replaced only once the new one is complete. Checkpoints go to
+            ``checkpoints/<name>`` beside it, and a rerun resumes from the last.
         config: Our settings, or a recipe mapping for ``RewardModelConfig.from_dict``.
         callbacks: ``transformers`` trainer callbacks (progress, early stopping, ...).
 
     Returns:
-        The report; the same numbers are saved in ``out/reward_model.json``.
+        The report; the same numbers are saved in ``out/adapter_card.json``.
 
     Raises:
         LocalModelError: if the base model cannot be loaded from anywhere.
         RewardModelError: on no training pairs, a malformed pair, a tokenizer without a
             chat template for conversational pairs, or an unusable ``out``.
     """
-    started = time.monotonic()
     if not isinstance(config, RewardModelConfig):
         config = RewardModelConfig.from_dict(config or {})
     out = _check_out(Path(out).expanduser())
@@ -155,49 +148,45 @@ def train_reward_model(
     test_rows = [_row(pair, f"test pair {i}", False) for i, pair in enumerate(test_pairs)]
     if len({isinstance(row["prompt"], str) for row in train_rows}) > 1:
         raise RewardModelError("training pairs mix chat messages and plain text; use one format")
-    source = resolve_model(base)
-    with tempfile.TemporaryDirectory(prefix="mascot-rm-") as scratch:
-        args = config.trainer_args(Path(scratch) / "trainer")
-        set_seed(args.seed)  # the head starts random: seed it
-        tokenizer = _load_tokenizer(source)
-        if isinstance(train_rows[0]["prompt"], list) and not tokenizer.chat_template:
-            raise RewardModelError(f"the tokenizer of {base} has no chat template; conversational pairs need one")
-        model = get_peft_model(_load_classifier(source, tokenizer), config.lora_config())
-        _check_head_trainable(model)
-        model.to(args.device).eval()  # the trainer switches to train mode itself
-        scorer = RewardModel(model, tokenizer, batch_size=config.score_batch_size)
-        before = scorer.accuracy(test_rows) if test_rows else None
-        # RewardConfig has no chat_template_kwargs: TRL renders each row with its own column
-        dataset = Dataset.from_list([{**row, "chat_template_kwargs": chat_template_kwargs()} for row in train_rows])
+    # RewardConfig has no chat_template_kwargs: TRL renders each row with its own column
+    dataset = Dataset.from_list([{**row, "chat_template_kwargs": chat_template_kwargs()} for row in train_rows])
+    before: list[float | None] = []
+
+    def build(model: Any, tokenizer: Any, args: Any) -> RewardTrainer:
         trainer = RewardTrainer(model, args, train_dataset=dataset, processing_class=tokenizer,
-                                callbacks=list(callbacks))
+                                peft_config=config.lora_config(), callbacks=list(callbacks))
+        _check_head_trainable(trainer.model)
         used = len(trainer.train_dataset)  # TRL drops pairs longer than max_length
+        if not used:
+            raise RewardModelError(f"every training pair exceeds max_length={args.max_length} tokens")
         if used < len(train_rows):
             logger.warning("%d of %d training pairs exceed max_length=%s; not trained on",
                            len(train_rows) - used, len(train_rows), args.max_length)
-        if not used:
-            raise RewardModelError(f"every training pair exceeds max_length={args.max_length} tokens")
-        result = trainer.train()
-        model.eval()
-        after = scorer.accuracy(test_rows) if test_rows else None
-    if test_rows:
-        logger.info("held-out pairwise accuracy %.3f -> %.3f (%d pairs)", before, after, len(test_rows))
-    else:
-        logger.warning("no test pairs: accuracy not measured")
-    numbers = {"train_pairs": used, "test_pairs": len(test_rows), "accuracy_before": before, "accuracy_after": after,
-               "train_loss": float(result.training_loss), "steps": int(result.global_step)}
-    _save(model, tokenizer, out, {
-        "format": FORMAT_VERSION,
-        "base": str(Path(source).resolve()) if Path(source).is_dir() else source,
-        "created_at": datetime.now(UTC).isoformat(timespec="seconds"),
-        "report": numbers,
-        "lora": {f.name: getattr(config, f.name) for f in fields(config) if f.name != "training"},
-        "training": json.loads(args.to_json_string()),
-        "versions": {"trl": trl.__version__, "transformers": transformers.__version__, "peft": peft.__version__},
-    })
-    report = RewardReport(out=out, base=base, seconds=round(time.monotonic() - started, 3), **numbers)
-    logger.info("reward model saved to %s (%d steps, %.1f s)", out, report.steps, report.seconds)
-    return report
+        trainer.model.eval()  # the trainer switches to train mode itself
+        before.append(_accuracy(trainer, config, test_rows))
+        return trainer
+
+    def summary(trainer: RewardTrainer) -> dict[str, Any]:
+        after = _accuracy(trainer, config, test_rows)
+        if test_rows:
+            logger.info("held-out pairwise accuracy %.3f -> %.3f (%d pairs)", before[0], after, len(test_rows))
+        else:
+            logger.warning("no test pairs: accuracy not measured")
+        return {"test_pairs": len(test_rows), "accuracy_before": before[0], "accuracy_after": after}
+
+    run = fit_lora(base=base, target=out, method="reward_model", recipe=config, build=build, summary=summary,
+                   conversational=isinstance(train_rows[0]["prompt"], list), error=RewardModelError)
+    return RewardReport(out=out, base=base, train_pairs=run.data_size, test_pairs=len(test_rows),
+                        accuracy_before=run.card["accuracy_before"], accuracy_after=run.card["accuracy_after"],
+                        train_loss=run.train_loss, steps=run.steps, seconds=run.seconds)
+
+
+def _accuracy(trainer: Any, config: RewardModelConfig, rows: Sequence[Mapping[str, Any]]) -> float | None:
+    """Held-out pairwise accuracy of the trainer's model (``None`` without rows)."""
+    if not rows:
+        return None
+    trainer.model.eval()
+    return RewardModel(trainer.model, trainer.processing_class, batch_size=config.score_batch_size).accuracy(rows)
 
 
 def _check_out(out: Path) -> Path:
@@ -205,7 +194,7 @@ def _check_out(out: Path) -> Path:
         raise RewardModelError(f"directory of {out} does not exist")
     if out.exists() and not out.is_dir():
         raise RewardModelError(f"{out} exists and is not a folder")
-    if out.is_dir() and any(out.iterdir()) and not (out / INFO_FILE).is_file():
+    if out.is_dir() and any(out.iterdir()) and not any((out / f).is_file() for f in (CARD_FILE, LEGACY_INFO_FILE)):
         raise RewardModelError(f"{out} holds something other than a reward model; not replacing it")
     return out
 
@@ -240,20 +229,28 @@ def _normalized(value: Any, where: str) -> list[dict[str, str]] | str:
     return messages
 
 
-def _load_tokenizer(source: str) -> Any:
-    tokenizer = AutoTokenizer.from_pretrained(source)
-    if tokenizer.pad_token is None:  # as TRL does: the head needs a pad token to find the last token
-        tokenizer.pad_token = tokenizer.eos_token
-    return tokenizer
+def _read_card(path: Path) -> dict[str, Any]:
+    """A reward model's card (or the description file of one saved before the common card).
 
-
-def _load_classifier(source: str, tokenizer: Any) -> Any:
-    # fp32 as TRL loads it; a causal-LM checkpoint gets a new random `score` head, and TRL's
-    # context keeps transformers from reporting that (and the unused `lm_head`) as a problem
-    with suppress_seqcls_warning():
-        model = AutoModelForSequenceClassification.from_pretrained(source, num_labels=1, dtype=torch.float32)
-    model.config.pad_token_id = tokenizer.pad_token_id
-    return model
+    Raises:
+        RewardModelError: if ``path`` holds no reward model, or one of a newer format.
+    """
+    card_path = path / CARD_FILE
+    if not card_path.is_file() and (path / LEGACY_INFO_FILE).is_file():
+        card_path = path / LEGACY_INFO_FILE
+    if not card_path.is_file():
+        raise RewardModelError(f"{path} is not a reward model ({CARD_FILE} missing)")
+    try:
+        card = json.loads(card_path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as exc:
+        raise RewardModelError(f"{card_path}: unreadable card ({exc})") from None
+    if not isinstance(card, dict) or "base" not in card:
+        raise RewardModelError(f"{card_path}: no base model in the card")
+    if card.get("method", "reward_model") != "reward_model":
+        raise RewardModelError(f"{path} is not a reward model but a {card['method']} adapter")
+    if card.get("format", 0) > FORMAT_VERSION:
+        raise RewardModelError(f"{path} was saved by a newer mascot (format {card['format']}); upgrade mascot")
+    return card
 
 
 def _check_head_trainable(model: Any) -> None:
@@ -265,26 +262,6 @@ def _check_head_trainable(model: Any) -> None:
         )
 
 
-def _save(model: Any, tokenizer: Any, out: Path, info: Mapping[str, Any]) -> None:
-    def write(stage: Path) -> None:
-        model.save_pretrained(stage)
-        tokenizer.save_pretrained(stage)
-        (stage / INFO_FILE).write_text(json.dumps(info, indent=2) + "\n", encoding="utf-8")
-        (stage / "README.md").write_text(_card(info), encoding="utf-8")  # replaces PEFT's stub
-
-    replace_folder(out, write)
-
-
-def _card(info: Mapping[str, Any]) -> str:
-    report = info["report"]
-    return (
-        f"# Reward model (mascot)\n\nLoRA adapter and scalar head on `{info['base']}`, trained with TRL's "
-        f"`RewardTrainer` on {report['train_pairs']} judged preference pairs. Held-out pairwise accuracy "
-        f"({report['test_pairs']} pairs): {report['accuracy_before']} before, {report['accuracy_after']} after "
-        f"training.\n\nLoad: `mascot.training.fitting.reward_model.RewardModel.load(PATH)`. Settings: `{INFO_FILE}`.\n"
-    )
-
-
 class RewardModel:
     """A reward model in memory: base + adapter + head, and its tokenizer."""
 
@@ -292,7 +269,7 @@ class RewardModel:
         self, model: Any, tokenizer: Any, *, batch_size: int = 16, info: Mapping[str, Any] | None = None
     ) -> None:
         """Wrap a one-label sequence-classifier (PEFT or not) and its tokenizer (pad token set);
-        ``load`` loads a saved one. ``info`` is its ``reward_model.json``."""
+        ``load`` loads a saved one. ``info`` is its adapter card."""
         self.model = model
         self.tokenizer = tokenizer
         self.batch_size = batch_size
@@ -312,20 +289,16 @@ class RewardModel:
             LocalModelError: if the base model cannot be loaded.
         """
         path = Path(path).expanduser()
-        info_path = path / INFO_FILE
-        if not info_path.is_file():
-            raise RewardModelError(f"{path} is not a reward model ({INFO_FILE} missing)")
-        info = json.loads(info_path.read_text(encoding="utf-8"))
-        if info.get("format", 0) > FORMAT_VERSION:
-            raise RewardModelError(f"{path} was saved by a newer mascot (format {info['format']}); upgrade mascot")
-        source = resolve_model(base or info["base"])
-        tokenizer = _load_tokenizer(str(path))
-        model = PeftModel.from_pretrained(_load_classifier(source, tokenizer), str(path))
+        card = _read_card(path)
+        source = resolve_model(base or card["base"])
+        tokenizer = AutoTokenizer.from_pretrained(str(path))
+        model = PeftModel.from_pretrained(load_base_model(source, "reward_model", tokenizer), str(path))
         model.eval()
         model.to(device or ("cuda" if torch.cuda.is_available() else "cpu"))
-        batch_size = info.get("lora", {}).get("score_batch_size", 16)
+        settings = card.get("recipe", card.get("lora", {}))  # format 1 kept our settings under "lora"
+        batch_size = settings.get("score_batch_size", 16)
         logger.info("reward model %s loaded on %s", path, source)
-        return cls(model, tokenizer, batch_size=batch_size, info=info)
+        return cls(model, tokenizer, batch_size=batch_size, info=card)
 
     def score(self, prompts: Sequence[Prompt], replies: Sequence[Completion]) -> list[float]:
         """Score replies to prompts, in batches.

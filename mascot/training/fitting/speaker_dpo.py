@@ -10,27 +10,18 @@ pairs are rendered with the chat-template variables every served prompt gets
 from __future__ import annotations
 
 import logging
-import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar
 
-import torch
 from datasets import Dataset
-from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback, set_seed
+from transformers import TrainerCallback
 from trl import DPOConfig, DPOTrainer
 
-from mascot.policies.local.model_loading import quiet_loading
-from mascot.policies.model_source import resolve_model
 from mascot.policies.thinking import chat_template_kwargs
-from mascot.training.fitting.adapter_folder import (
-    adapter_target,
-    base_reference,
-    checkpoint_dir,
-    save_adapter,
-    train_resuming,
-)
+from mascot.training.fitting.adapter_folder import adapter_target
+from mascot.training.fitting.lora_run import fit_lora
 from mascot.training.fitting.recipe import LoraRecipe
 
 logger = logging.getLogger(__name__)
@@ -118,7 +109,6 @@ def train_speaker_dpo(
             for conversational pairs, or every prompt at ``max_length`` or longer.
         AdapterFolderError: on an unusable ``out``.
     """
-    started = time.monotonic()
     if not isinstance(config, SpeakerDPOConfig):
         config = SpeakerDPOConfig.from_dict(config or {})
     if not pairs:
@@ -128,18 +118,11 @@ def train_speaker_dpo(
         if missing:
             raise SpeakerDPOError(f"pair {number} has no {', '.join(missing)}")
     target = adapter_target(out, persona)
-    source = resolve_model(base)
-    args = config.trainer_args(checkpoint_dir(target))
-    args.output_dir = str(checkpoint_dir(target))
-    set_seed(args.seed)
-    tokenizer = AutoTokenizer.from_pretrained(source)
-    if isinstance(pairs[0]["prompt"], list) and not tokenizer.chat_template:
-        raise SpeakerDPOError(f"the tokenizer of {base} has no chat template; conversational pairs need one")
     # DPOConfig has no chat_template_kwargs: TRL's DPO renders each row with its own column
     dataset = Dataset.from_list([{**{c: pair[c] for c in PAIR_COLUMNS}, "chat_template_kwargs": chat_template_kwargs()}
                                  for pair in pairs])
-    with quiet_loading():
-        model = AutoModelForCausalLM.from_pretrained(source, dtype=torch.bfloat16 if args.bf16 else torch.float32)
+
+    def build(model: Any, tokenizer: Any, args: Any) -> DPOTrainer:
         trainer = DPOTrainer(model, args=args, train_dataset=dataset, processing_class=tokenizer,
                              peft_config=config.lora_config(), callbacks=list(callbacks))
         used = len(trainer.train_dataset)  # TRL drops pairs whose prompt reaches max_length
@@ -149,18 +132,13 @@ def train_speaker_dpo(
         if used < len(dataset):
             logger.warning("%d of %d pairs of %s have a prompt of max_length=%s tokens or more; not trained on",
                            len(dataset) - used, len(dataset), persona, args.max_length)
-        result = train_resuming(trainer)
-    accuracies = [float(e["rewards/accuracies"]) for e in trainer.state.log_history if "rewards/accuracies" in e]
-    numbers = {"pairs": used, "steps": int(result.global_step), "train_loss": float(result.training_loss),
-               "accuracy_last": accuracies[-1] if accuracies else None}
-    seconds = round(time.monotonic() - started, 3)
-    if trainer.accelerator.is_main_process:  # one writer under accelerate launch
-        save_adapter(trainer.accelerator.unwrap_model(trainer.model), tokenizer, target, {
-            "method": "dpo", "base": base_reference(source), "role": persona, "data": data, **numbers,
-            "seconds": seconds, "recipe": config.record(args),
-        })
-    trainer.accelerator.wait_for_everyone()
-    report = DPOReport(out=target, base=base, persona=persona, seconds=seconds, **numbers)
-    logger.info("DPO adapter %s saved to %s (%d steps, loss %.3f, %.1f s)",
-                persona, target, report.steps, report.train_loss, seconds)
-    return report
+        return trainer
+
+    def summary(trainer: DPOTrainer) -> dict[str, Any]:
+        accuracies = [float(e["rewards/accuracies"]) for e in trainer.state.log_history if "rewards/accuracies" in e]
+        return {"accuracy_last": accuracies[-1] if accuracies else None}
+
+    run = fit_lora(base=base, target=target, method="dpo", recipe=config, build=build, summary=summary,
+                   conversational=isinstance(pairs[0]["prompt"], list), error=SpeakerDPOError, data=data)
+    return DPOReport(out=run.out, base=base, persona=persona, pairs=run.data_size, steps=run.steps,
+                     train_loss=run.train_loss, accuracy_last=run.card["accuracy_last"], seconds=run.seconds)

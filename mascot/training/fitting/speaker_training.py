@@ -11,38 +11,26 @@ term as ``rewards/<name>/mean`` and their weighted sum as ``reward``.
 
 from __future__ import annotations
 
-import logging
-import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar
 
-import torch
 from datasets import Dataset
-from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback, set_seed
+from transformers import TrainerCallback
 from trl import GRPOConfig, GRPOTrainer
 
 from mascot.messages import chat_messages
-from mascot.policies.local.model_loading import quiet_loading
-from mascot.policies.model_source import resolve_model
 from mascot.policies.thinking import chat_template_kwargs
 from mascot.rosters import Roster
 from mascot.training.data.candidates import candidate_contexts
 from mascot.training.episodes.episode import Episode
 from mascot.training.evaluation.metrics import default_embedder, redundancy, round_persona_turns
-from mascot.training.fitting.adapter_folder import (
-    adapter_target,
-    base_reference,
-    checkpoint_dir,
-    reward_windows,
-    save_adapter,
-    train_resuming,
-)
+from mascot.training.fitting.adapter_folder import adapter_target
+from mascot.training.fitting.lora_run import LoraRun, fit_lora
 from mascot.training.fitting.recipe import LoraRecipe
 from mascot.training.fitting.rewards import RewardFunction, completion_text, roster_format_reward, weighted_rewards
 
-logger = logging.getLogger(__name__)
 
 class SpeakerTrainingError(ValueError):
     """Speaker training cannot start or save; the message is one line."""
@@ -187,9 +175,8 @@ def train_speaker(
             once the new one is complete.
         reward_funcs: Name -> (function, weight), see ``weighted_rewards``; or a list of
             functions weighed by ``training.reward_weights``.
-        config: Our settings (a ``SpeakerTrainingConfig``, or the GRPO config of another
-            role such as ``DirectorTrainingConfig``), or a mapping for
-            ``SpeakerTrainingConfig.from_dict``.
+        config: Our settings (a ``SpeakerTrainingConfig``, or another role's GRPO recipe),
+            or a mapping for ``SpeakerTrainingConfig.from_dict``.
         callbacks: ``transformers`` trainer callbacks.
         data: What the prompts came from (e.g. the episode file), for the card.
 
@@ -205,51 +192,52 @@ def train_speaker(
             prompts.
         AdapterFolderError: on an unusable ``out``.
     """
-    started = time.monotonic()
     if not isinstance(config, LoraRecipe):
         config = SpeakerTrainingConfig.from_dict(config or {})
+    run = fit_grpo(dataset, base=base, name=persona, out=out, reward_funcs=reward_funcs, config=config,
+                   callbacks=callbacks, data=data)
+    return SpeakerReport(out=run.out, base=base, persona=persona, prompts=run.data_size, steps=run.steps,
+                         rewards=run.rewards, reward_first=run.reward_first, reward_last=run.reward_last,
+                         seconds=run.seconds)
+
+
+def fit_grpo(
+    dataset: Dataset,
+    *,
+    base: str,
+    name: str,
+    out: str | Path,
+    reward_funcs: Mapping[str, tuple[RewardFunction, float]] | Sequence[RewardFunction],
+    config: LoraRecipe,
+    callbacks: Sequence[TrainerCallback] = (),
+    data: str | None = None,
+) -> LoraRun:
+    """One GRPO run of ``fit_lora`` on a prompt dataset, the adapter saved to ``out/<name>``;
+    the speakers' and the Director's (see ``train_speaker`` for the arguments).
+
+    Raises:
+        SpeakerTrainingError: on an empty dataset or no chat template for conversational
+            prompts.
+        AdapterFolderError: on an unusable ``out``.
+    """
     if len(dataset) == 0 or "prompt" not in dataset.column_names:
         raise SpeakerTrainingError(f"the dataset needs rows with a 'prompt' column; got {len(dataset)} rows, "
                                    f"columns {', '.join(dataset.column_names) or 'none'}")
-    target = adapter_target(out, persona)
-    source = resolve_model(base)
+    target = adapter_target(out, name)
     if isinstance(reward_funcs, Mapping):
         functions, weights = weighted_rewards(reward_funcs)
     else:
         functions, weights = list(reward_funcs), None
-    args = config.trainer_args(checkpoint_dir(target))
-    args.output_dir = str(checkpoint_dir(target))
-    if weights is not None:
-        args.reward_weights = weights
-    set_seed(args.seed)
-    tokenizer = AutoTokenizer.from_pretrained(source)
-    if isinstance(dataset[0]["prompt"], list) and not tokenizer.chat_template:
-        raise SpeakerTrainingError(f"the tokenizer of {base} has no chat template; conversational prompts need one")
-    with quiet_loading():
-        model = AutoModelForCausalLM.from_pretrained(source, dtype=torch.bfloat16 if args.bf16 else torch.float32)
-        trainer = GRPOTrainer(model, reward_funcs=functions, args=args, train_dataset=dataset,
-                              processing_class=tokenizer, peft_config=config.lora_config(),
-                              callbacks=list(callbacks))
-        result = train_resuming(trainer)
-    numbers = {"prompts": len(dataset), "steps": int(result.global_step),
-               **reward_windows(trainer.state.log_history)}
-    seconds = round(time.monotonic() - started, 3)
-    if trainer.accelerator.is_main_process:  # one writer under accelerate launch
-        save_adapter(trainer.accelerator.unwrap_model(trainer.model), tokenizer, target, {
-            "method": "grpo",
-            "base": base_reference(source),
-            "role": persona,
-            "data": data,
-            "steps": numbers["steps"],
-            "reward_first": numbers["reward_first"],
-            "reward_last": numbers["reward_last"],
-            "reward_terms": trainer.reward_func_names,
-            "reward_weights": [float(w) for w in trainer.reward_weights],
-            "seconds": seconds,
-            "recipe": config.record(args),
-        })
-    trainer.accelerator.wait_for_everyone()
-    report = SpeakerReport(out=target, base=base, persona=persona, seconds=seconds, **numbers)
-    logger.info("speaker adapter %s saved to %s (%d steps, reward %s -> %s, %.1f s)",
-                persona, target, report.steps, report.reward_first, report.reward_last, seconds)
-    return report
+
+    def build(model: Any, tokenizer: Any, args: Any) -> GRPOTrainer:
+        if weights is not None:
+            args.reward_weights = weights
+        return GRPOTrainer(model, reward_funcs=functions, args=args, train_dataset=dataset,
+                           processing_class=tokenizer, peft_config=config.lora_config(), callbacks=list(callbacks))
+
+    def summary(trainer: GRPOTrainer) -> dict[str, Any]:
+        return {"reward_terms": trainer.reward_func_names,
+                "reward_weights": [float(w) for w in trainer.reward_weights]}
+
+    return fit_lora(base=base, target=target, method="grpo", recipe=config, build=build, summary=summary,
+                    conversational=isinstance(dataset[0]["prompt"], list), error=SpeakerTrainingError, data=data)
