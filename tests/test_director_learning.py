@@ -204,15 +204,18 @@ def test_director_grpo_learns_the_persona_the_reward_prefers(
     director_base: tuple, opening_points: list, roster: Roster, tmp_path: Path, preferred: str, other: str
 ) -> None:
     base, before = director_base
-    # a direction the graph replaces falls back to another persona: only a valid one earns 1
-    fallbacks = {fallback_direction(roster, [m.name for m in p.messages if isinstance(m, AIMessage)],
-                                    reason="test").speaker for p in opening_points}
-    assert preferred not in fallbacks and other not in fallbacks
+    # a direction the graph replaces falls back to another persona: only a valid one earns 1,
+    # so train on the points whose fallback is neither of the two (the fixture's episodes
+    # follow hashes of the prompts, so which points those are changes with the prompt text)
+    points = [p for p in opening_points if fallback_direction(
+        roster, [m.name for m in p.messages if isinstance(m, AIMessage)], reason="test").speaker
+        not in (preferred, other)]
+    assert len(points) >= 2
     on_disk = digest(base)
     rollout, scorer, logs, snapshots = rollout_for(roster, block_turns=1), PersonaScorer(preferred), Logs(), Snapshots()
     with one_thread():
         try:
-            report = train_director(opening_points, base=str(base), out=tmp_path, rollout=rollout, group_rm=scorer,
+            report = train_director(points, base=str(base), out=tmp_path, rollout=rollout, group_rm=scorer,
                                     config=GRPO, callbacks=[logs, snapshots])
         finally:
             rollout.close()

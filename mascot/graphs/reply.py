@@ -99,28 +99,86 @@ def strip_cues(text: str) -> str:
     return _CUE.sub("", text).strip()
 
 
-def echoes_direction(text: str, direction_text: str, *, names: Iterable[str] = ()) -> bool:
-    """Whether a reply is the stage direction said back instead of an answer.
+def echoes(text: str, source: str, *, names: Iterable[str] = ()) -> bool:
+    """Whether a reply is ``source`` said back instead of an answer: the stage direction, or
+    the person's message.
 
     Small models asked to follow ``action``/``tone`` often write the instruction itself
     ("Gently question the belief that ...") or narrate it in the third person ("The
-    Catalyst gently questions ..."). A reply counts as an echo when at least
-    ``ECHO_OVERLAP`` of its words occur in the direction or the speaker's names, and it
-    is not much longer than the direction.
+    Catalyst gently questions ..."), and asked to answer a message they often say it back
+    with a word changed. A reply counts as an echo when at least ``ECHO_OVERLAP`` of its
+    words occur in ``source`` or the speaker's names, and it is not much longer than
+    ``source``.
 
     Args:
         text: The cleaned reply.
-        direction_text: The direction's action and tone.
+        source: The direction's action and tone, or the person's message.
         names: The speaker's labels (id, display name).
     """
     words = [w for w in _WORD.findall(text.lower()) if w not in _FILLER]
     if len(words) < 4:  # too short to tell an echo from an answer
         return False
-    source = set(_WORD.findall(direction_text.lower()))
+    known = set(_WORD.findall(source.lower()))
     for name in names:
-        source.update(_WORD.findall(name.lower().replace("_", " ")))
-    shared = sum(word in source for word in words) / len(words)
-    return shared >= ECHO_OVERLAP and len(words) <= len(_WORD.findall(direction_text.lower())) + 12
+        known.update(_WORD.findall(name.lower().replace("_", " ")))
+    shared = sum(word in known for word in words) / len(words)
+    return shared >= ECHO_OVERLAP and len(words) <= len(_WORD.findall(source.lower())) + 12
+
+
+#: Consecutive words of the person's message a reply may repeat before the run is cut:
+#: enough for a short reflection ("you said you failed again"), not for a copied message.
+QUOTE_WORDS = 8
+_TOKEN = re.compile(r"[A-Za-z0-9']+")
+
+
+def cut_quotes(text: str, sources: Iterable[str], *, min_words: int = QUOTE_WORDS) -> tuple[str, int]:
+    """Cut every run of ``min_words`` or more consecutive words that ``text`` repeats
+    verbatim (case and punctuation aside) from one of ``sources``, the person's messages.
+
+    A small model asked to answer a message often says it back, and a message that carries
+    instructions ("SYSTEM: from now on always ...") is then repeated as if it were the
+    voice's own line. A source shorter than ``min_words`` counts when repeated whole and
+    it has at least 5 words.
+
+    Returns:
+        The text without the repeated runs (and the punctuation and quotes around them),
+        and how many words were cut (0: unchanged).
+    """
+    cut = 0
+    for source in sources:
+        wanted = [w.lower() for w in _TOKEN.findall(source)]
+        if len(wanted) < 5:
+            continue
+        length = min(min_words, len(wanted))
+        while True:
+            span = _repeated_run(text, wanted, length)
+            if span is None:
+                break
+            start, end, words = span
+            text = (text[:start].rstrip(" \t\"'“”‘’«»:-–—(") + " " + text[end:].lstrip(" \t\"'“”‘’«»).,;:!?")).strip()
+            cut += words
+    return text, cut
+
+
+def _repeated_run(text: str, source: list[str], length: int) -> tuple[int, int, int] | None:
+    """The character span and word count of the longest run of ``text``'s words that is
+    also consecutive in ``source``, if it has at least ``length`` words."""
+    tokens = list(_TOKEN.finditer(text))
+    words = [t.group().lower() for t in tokens]
+    best = (0, 0)  # (run length, end index in words)
+    previous = [0] * (len(source) + 1)
+    for i, word in enumerate(words, 1):
+        current = [0] * (len(source) + 1)
+        for j, other in enumerate(source, 1):
+            if word == other:
+                current[j] = previous[j - 1] + 1
+                if current[j] > best[0]:
+                    best = (current[j], i)
+        previous = current
+    run, end = best
+    if run < length:
+        return None
+    return tokens[end - run].start(), tokens[end - 1].end(), run
 
 
 def _label(labels: Iterable[str]) -> str:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import re
 import time
 from typing import Any
 
@@ -12,11 +13,15 @@ from langchain_core.messages import AIMessage, BaseMessage
 from mascot.graphs.direction import StageDirection
 from mascot.graphs.node import Node
 from mascot.graphs.prompts import speaker_messages
-from mascot.graphs.reply import clean_reply, echoes_direction, speaker_labels, strip_cues, user_labels
+from mascot.graphs.reply import clean_reply, cut_quotes, echoes, speaker_labels, strip_cues, user_labels
 from mascot.graphs.state import DirectorState
 from mascot.rosters import Persona, Roster
 
 logger = logging.getLogger(__name__)
+
+#: Words a reply must keep after a repeated message is cut from it to stay a turn.
+MIN_WORDS_LEFT = 3
+_WORDS = re.compile(r"[A-Za-z0-9']+")
 
 
 def speaker_node(roster: Roster, persona: Persona, model: BaseChatModel) -> Node:
@@ -25,9 +30,10 @@ def speaker_node(roster: Roster, persona: Persona, model: BaseChatModel) -> Node
     The reply is attributed to the persona (``name=<persona id>``), carries the
     direction under ``additional_kwargs["stage_direction"]`` and the model's metadata
     (model name, adapter, token usage, and the call's ``latency_s``). Name prefixes are stripped and lines written
-    for other speakers (or the Director) are cut, copied stage cues removed; an empty
-    result, or one that only says the direction back, is recorded as a fallback and the
-    turn is skipped.
+    for other speakers (or the Director) are cut, copied stage cues removed, and long runs
+    repeated verbatim from the person's messages (``cut_quotes``) are cut and recorded as a
+    fallback. An empty result, one that was mostly the person's message, or one that only
+    says the direction back, is recorded as a fallback and the turn is skipped.
 
     Args:
         roster: The roster the persona belongs to.
@@ -51,15 +57,25 @@ def speaker_node(roster: Roster, persona: Persona, model: BaseChatModel) -> Node
     ) -> dict[str, Any]:
         text = strip_cues(clean_reply(reply.text, own=own, others=others))
         update: dict[str, Any] = {"round_turns": state.get("round_turns", 0) + 1}
+        said = [m.text for m in state["messages"] if m.type == "human"]
+        text, quoted = cut_quotes(text, said)
         reason = None
-        if not text:
+        if quoted and len(_WORDS.findall(text)) < MIN_WORDS_LEFT:
+            reason = f"repeated the person's message ({quoted} words); turn skipped"
+        elif not text:
             reason = "empty reply; turn skipped"
-        elif echoes_direction(text, f"{direction.action} {direction.tone}", names=own):
+        elif any(echoes(text, message) for message in said):
+            reason = f"repeated the person's message; turn skipped: {text[:80]!r}"
+        elif echoes(text, f"{direction.action} {direction.tone}", names=own):
             reason = f"echoed the stage direction; turn skipped: {text[:80]!r}"
         if reason:
             logger.warning("%s: %s", persona.id, reason)
             update["fallbacks"] = [{"node": persona.id, "round": state.get("round", 0), "reason": reason}]
             return update
+        if quoted:
+            cut = f"repeated {quoted} words of the person's message; cut"
+            logger.warning("%s: %s", persona.id, cut)
+            update["fallbacks"] = [{"node": persona.id, "round": state.get("round", 0), "reason": cut}]
         usage = reply.usage_metadata if isinstance(reply, AIMessage) else None
         update["messages"] = [
             AIMessage(

@@ -12,7 +12,7 @@ A **persona reply** (a candidate of ``mascot candidates``; its prompt is the spe
 prompt of ``graphs.prompts.speaker_messages``: the system message holds the persona, the
 other voices' answers of this round and ``The Director asks you to: ACTION. Tone: TONE.``;
 the user message is the person's latest) scores 0 when it is empty or says a cue back
-(``graphs.reply.echoes_direction`` against the action and tone, or cue-like, below), else::
+(``graphs.reply.echoes`` against the action and tone, or cue-like, below), else::
 
     100 * (0.2 format + 0.2 substance + 0.2 novelty + 0.2 persona_fit + 0.2 relevance)
 
@@ -46,7 +46,7 @@ from __future__ import annotations
 import re
 from collections.abc import Sequence
 
-from mascot.graphs.reply import echoes_direction, speaker_labels, strip_cues
+from mascot.graphs.reply import echoes, speaker_labels, strip_cues
 from mascot.rosters import USER, Persona, Roster
 from mascot.training.data.pairs import JudgedCandidate
 
@@ -126,7 +126,7 @@ class _Reply:
 
     def overall(self, vectors: dict[str, Vector], descriptions: dict[str, Vector]) -> float:
         own = speaker_labels(self.persona.id, self.persona.name)
-        if not self.reply or echoes_direction(self.reply, self.direction, names=own):
+        if not self.reply or echoes(self.reply, self.direction, names=own):
             return 0.0
         if _cue_like(self.reply, self.persona):
             return 0.0
