@@ -106,7 +106,10 @@ def test_openai_compatible_roles_drive_the_graph(roster, monkeypatch, caplog, tm
     assert [r["body"]["model"] for r in requests] == ["director-adapter", "catalyst-adapter", "director-adapter"]
     assert requests[0]["url"] == "http://127.0.0.1:8000/v1/chat/completions"
     assert requests[0]["body"]["response_format"]["type"] == "json_schema"
-    assert requests[1]["body"]["temperature"] == 0.2 and requests[1]["body"]["seed"] == 7
+    assert requests[1]["body"]["temperature"] == 0.2
+    # each call its own seed, mixed from the run's seed and the call's node and step: not 7 for all
+    seeds = [r["body"]["seed"] for r in requests]
+    assert len(set(seeds)) == 3 and 7 not in seeds and all(0 <= s < 2**63 for s in seeds)
     assert requests[1]["auth"] == f"Bearer {SECRET}"
     assert SECRET not in repr(policies.chat_model("director"))
     assert SECRET not in caplog.text
@@ -162,3 +165,28 @@ def test_dtype_of_a_local_policy(roster, tiny_model: Path) -> None:
         PolicySpec(kind="openai", model="m", base_url="http://127.0.0.1:9/v1", dtype="float32")
     with pytest.raises(ValueError):
         PolicySpec(model="m", dtype="int3")
+
+
+def test_each_call_sends_its_own_reproducible_seed() -> None:
+    """The seed defect: every request of a rollout once carried the run's seed itself, so every
+    voice drew the same numbers. Now the seed follows the call's episode, sample and adapter."""
+    seeds: list[int | None] = []
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        seeds.append(json.loads(request.content).get("seed"))
+        return httpx.Response(200, json={
+            "id": "x", "object": "chat.completion", "created": 0, "model": "m",
+            "choices": [{"index": 0, "finish_reason": "stop", "message": {"role": "assistant", "content": "ok"}}]})
+
+    client = httpx.Client(transport=httpx.MockTransport(handler))
+    spec = PolicySpec(kind="openai", model="anchor", base_url="http://127.0.0.1:8000/v1")
+    model = openai_chat_model(spec, seed=0, http_client=client)
+    for episode in ("e1", "e1", "e2"):
+        model.invoke("hi", config={"metadata": {"episode_id": episode, "sample": 0}})
+    model.invoke("hi", config={"metadata": {"episode_id": "e1", "sample": 1}})
+    openai_chat_model(spec.model_copy(update={"model": "catalyst"}), seed=0, http_client=client).invoke(
+        "hi", config={"metadata": {"episode_id": "e1", "sample": 0}})
+    model.invoke("hi", seed=5)  # a seed given to the call is sent as is
+    openai_chat_model(spec, http_client=client).invoke("hi")  # no run seed: none sent
+    assert seeds[0] == seeds[1] and len(set(seeds[1:5])) == 4 and 0 not in seeds[:5]
+    assert seeds[5:] == [5, None]

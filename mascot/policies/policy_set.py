@@ -4,15 +4,19 @@ from __future__ import annotations
 
 import logging
 import os
-from collections.abc import Mapping
+from collections.abc import AsyncIterator, Iterator, Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import httpx
+from langchain_core.callbacks import AsyncCallbackManagerForLLMRun, CallbackManagerForLLMRun
 from langchain_core.language_models import BaseChatModel
+from langchain_core.messages import BaseMessage
+from langchain_core.outputs import ChatGenerationChunk, ChatResult
 from langchain_openai import ChatOpenAI
 from pydantic import SecretStr
 
+from mascot.policies.call_seed import call_seed
 from mascot.policies.spec import PolicyError, PolicySpec, load_policy_specs, role_max_tokens
 from mascot.policies.thinking import chat_template_kwargs
 from mascot.rosters import Roster
@@ -194,13 +198,15 @@ def openai_chat_model(
     Args:
         spec: A spec of kind ``openai``.
         max_tokens: Reply budget when the spec sets none (default: the speakers').
-        seed: Sent as the request's ``seed`` when given.
+        seed: The run's seed; each request sends it mixed with the call's place in the run
+            (``call_seed``), so the calls of a rollout do not all draw the same numbers.
         http_client: Sync HTTP client to use (e.g. with ``httpx.MockTransport``).
         http_async_client: Async HTTP client to use.
 
     Returns:
-        The chat model. The API key is read from ``spec.api_key_env`` now and held as a
-        secret; without ``api_key_env`` no key is sent.
+        The chat model (a ``SeededChatOpenAI``: each call sends its own seed). The API key
+        is read from ``spec.api_key_env`` now and held as a secret; without
+        ``api_key_env`` no key is sent.
 
     Raises:
         PolicyError: if ``api_key_env`` names an unset variable.
@@ -212,7 +218,7 @@ def openai_chat_model(
             raise PolicyError(
                 f"environment variable {spec.api_key_env} (the API key for {spec.model}) is not set"
             )
-    return ChatOpenAI(
+    return SeededChatOpenAI(
         model=spec.model,
         base_url=spec.base_url,
         api_key=SecretStr(key),
@@ -227,3 +233,33 @@ def openai_chat_model(
         http_client=http_client,
         http_async_client=http_async_client,
     )
+
+
+class SeededChatOpenAI(ChatOpenAI):
+    """``ChatOpenAI`` that sends each call its own seed: ``seed`` mixed with the call's run
+    metadata (episode, sample, LangGraph node and step) and the served model name, as the
+    local backend seeds its calls (``call_seed``). A ``seed`` given to the call wins."""
+
+    def _seeded(self, run_manager: CallbackManagerForLLMRun | AsyncCallbackManagerForLLMRun | None,
+                kwargs: dict[str, Any]) -> dict[str, Any]:
+        if self.seed is not None and "seed" not in kwargs:
+            kwargs["seed"] = call_seed(self.seed, run_manager.metadata if run_manager else None, self.model_name)
+        return kwargs
+
+    def _generate(self, messages: list[BaseMessage], stop: list[str] | None = None,
+                  run_manager: CallbackManagerForLLMRun | None = None, **kwargs: Any) -> ChatResult:
+        return super()._generate(messages, stop, run_manager, **self._seeded(run_manager, kwargs))
+
+    async def _agenerate(self, messages: list[BaseMessage], stop: list[str] | None = None,
+                         run_manager: AsyncCallbackManagerForLLMRun | None = None, **kwargs: Any) -> ChatResult:
+        return await super()._agenerate(messages, stop, run_manager, **self._seeded(run_manager, kwargs))
+
+    def _stream(self, messages: list[BaseMessage], stop: list[str] | None = None,
+                run_manager: CallbackManagerForLLMRun | None = None, **kwargs: Any) -> Iterator[ChatGenerationChunk]:
+        return super()._stream(messages, stop, run_manager, **self._seeded(run_manager, kwargs))
+
+    async def _astream(self, messages: list[BaseMessage], stop: list[str] | None = None,
+                       run_manager: AsyncCallbackManagerForLLMRun | None = None,
+                       **kwargs: Any) -> AsyncIterator[ChatGenerationChunk]:
+        async for chunk in super()._astream(messages, stop, run_manager, **self._seeded(run_manager, kwargs)):
+            yield chunk

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import hashlib
 import json
 from collections.abc import Iterator, Mapping
 from operator import itemgetter
@@ -18,12 +17,10 @@ from langchain_core.runnables.config import run_in_executor
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from mascot.messages import chat_messages
+from mascot.policies.call_seed import call_seed
 from mascot.policies.local.backend import LocalBackend
 from mascot.policies.local.generation import cut_at_stop
 from mascot.policies.thinking import chat_template_kwargs
-
-# run metadata that varies the seed: rollouts set the first two, LangGraph the others
-_SEED_METADATA = ("episode_id", "sample", "langgraph_node", "langgraph_step")
 
 
 class LocalChatModel(BaseChatModel):
@@ -197,12 +194,7 @@ class LocalChatModel(BaseChatModel):
         candidate samples, the nodes of one episode and its turns each draw from their own
         random stream, and each stays reproducible whatever order concurrent calls run in.
         """
-        if self.seed is None:
-            return None
-        metadata = run_manager.metadata if run_manager else {}
-        parts = [self.seed, *(metadata.get(key) for key in _SEED_METADATA), self.adapter]
-        key = "|".join(str(part) for part in parts)
-        return int.from_bytes(hashlib.sha256(key.encode()).digest()[:8], "big")
+        return call_seed(self.seed, run_manager.metadata if run_manager else None, self.adapter)
 
     def _metadata(self) -> dict[str, Any]:
         return {
