@@ -61,7 +61,8 @@ def test_a_reply_cut_by_max_new_tokens_fails_to_parse_without_raising(backend: L
     model = LocalChatModel(backend=backend, temperature=1.0, seed=0, max_new_tokens=4)
     out = model.with_structured_output(DIRECTION, include_raw=True).invoke(PROMPT)
     assert out["parsed"] is None and isinstance(out["parsing_error"], OutputParserException)
-    assert out["raw"].text == '{"spea'  # the grammar's start, cut after 4 tokens
+    raw = out["raw"].text  # the grammar's start, cut after 4 tokens (e.g. '{"spea')
+    assert len(raw) >= 4 and '{"speaker"'.startswith(raw), raw
     with pytest.raises(OutputParserException):
         model.with_structured_output(DIRECTION).invoke(PROMPT)
 
