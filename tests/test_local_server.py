@@ -22,7 +22,8 @@ from mascot.graphs import create_director_graph
 from mascot.policies import Policies
 from mascot.policies.local import LocalBackend
 from mascot.policies.local.server import ServerLimits, create_app
-from mascot.policies.serving import ServedPolicies, client_policies, reload_adapters, vllm_command
+from mascot.policies.serving import ServedPolicies, client_policies, reload_adapters
+from mascot.policies.vllm_engine import CpuSettings, vllm_command
 from mascot.rosters import Roster
 
 KEY = "test-key-1234567890"
@@ -217,11 +218,33 @@ def test_director_graph_over_http(server: str, served: ServedPolicies, roster: R
 
 
 def test_vllm_command_for_a_policy_file(served: ServedPolicies) -> None:
-    argv, env = vllm_command(served, host="0.0.0.0", port=9000, api_key_env="MY_KEY", allow_runtime_lora=True)
-    assert argv[:7] == ["vllm", "serve", served.base, "--host", "0.0.0.0", "--port", "9000"]
+    argv, env = vllm_command(served, python="/venv/bin/python", host="0.0.0.0", port=9000, api_key_env="MY_KEY",
+                             allow_runtime_lora=True)
+    assert argv[:9] == ["/venv/bin/python", "-m", "vllm.entrypoints.openai.api_server", "--model", served.base,
+                        "--host", "0.0.0.0", "--port", "9000"]
     modules = argv[argv.index("--lora-modules") + 1: argv.index("--max-lora-rank")]
     assert modules == [f"anchor={served.adapters['anchor'].path}", f"catalyst={served.adapters['catalyst'].path}"]
     assert argv[argv.index("--max-lora-rank") + 1] == "8" and argv[argv.index("--max-loras") + 1] == "2"
     assert "--enable-lora" in argv and not any(KEY in a or "MY_KEY" in a for a in argv)
     assert env == {"VLLM_ALLOW_RUNTIME_LORA_UPDATING": "True", "VLLM_API_KEY": "$MY_KEY"}
+    assert "--dtype" not in argv  # a GPU chooses its own precision
+    argv, env = vllm_command(served, cpu=CpuSettings(dtype="bfloat16", kv_cache_gib=3, threads_bind="0-1"))
+    assert argv[argv.index("--dtype") + 1] == "bfloat16" and argv[argv.index("--max-model-len") + 1] == "4096"
+    assert env == {"VLLM_CPU_KVCACHE_SPACE": "3", "VLLM_CPU_OMP_THREADS_BIND": "0-1"}
     assert os.environ.get("MY_KEY") is None
+
+
+def test_cpu_settings_follow_the_machine(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from mascot.policies import vllm_engine
+
+    (tmp_path / "model.safetensors").write_bytes(b"x" * 1000)
+    monkeypatch.setattr(vllm_engine, "_cpu_flags", lambda: {"avx512f", "avx512_bf16"})
+    monkeypatch.setattr(vllm_engine, "_available_memory", lambda: 20 << 30)
+    monkeypatch.setattr(vllm_engine.os, "sched_getaffinity", lambda pid: {0, 1, 2, 5})
+    settings = vllm_engine.cpu_settings(str(tmp_path))
+    assert settings == vllm_engine.CpuSettings(dtype="bfloat16", kv_cache_gib=8, threads_bind="0-2,5")
+    monkeypatch.setattr(vllm_engine, "_cpu_flags", lambda: {"avx2"})
+    monkeypatch.setattr(vllm_engine, "_available_memory", lambda: 6 << 30)
+    with (tmp_path / "model.safetensors").open("wb") as weights:
+        weights.truncate(1 << 30)  # 1 GiB of (sparse) weights: (6 - 2 - 2) / 2 = 1
+    assert vllm_engine.cpu_settings(str(tmp_path)) == vllm_engine.CpuSettings("float32", 1, "0-2,5")

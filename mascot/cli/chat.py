@@ -10,7 +10,16 @@ from contextlib import closing
 from pathlib import Path
 from typing import Any
 
-from mascot.cli.options import BASELINES, UsageError, add_policy_flags, err, out, policies_from_args, positive
+from mascot.cli.options import (
+    BASELINES,
+    UsageError,
+    add_policy_flags,
+    err,
+    on_engine,
+    out,
+    policies_from_args,
+    positive,
+)
 from mascot.rosters import Roster, load_roster
 
 _QUIT = {"/quit", "/exit", "/q"}
@@ -90,7 +99,7 @@ def _chat(args: argparse.Namespace) -> int:
 
     db = _checkpoint_db(args.db)
     roster = load_roster(args.roster)
-    policies = policies_from_args(args, roster)
+    policies = on_engine(args, policies_from_args(args, roster))
     builder = create_director_graph(
         roster,
         director=policies.chat_model("director"),

@@ -15,6 +15,7 @@ from mascot.cli.options import (
     add_policy_flags,
     err,
     mask_secrets_in_logs,
+    on_engine,
     out,
     policies_from_args,
     positive,
@@ -97,7 +98,7 @@ def _candidates(args: argparse.Namespace) -> int:
     contexts = contexts[: args.max_contexts] if args.max_contexts else contexts
     if not contexts:
         raise UsageError(f"--in: the episodes in {args.source} have no persona turns with a stage direction")
-    policies = policies_from_args(args, roster)
+    policies = on_engine(args, policies_from_args(args, roster))
     mask_secrets_in_logs(policies)
     progress = Progress(TextColumn("candidates"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                         console=err)
@@ -133,7 +134,7 @@ def _blocks(args: argparse.Namespace) -> int:
     points = points[: args.max_points] if args.max_points else points
     if not points:
         raise UsageError(f"--in: no Director decision points in {args.source}")
-    policies = policies_from_args(args, roster)
+    policies = on_engine(args, policies_from_args(args, roster))
     mask_secrets_in_logs(policies)
     rollout = BlockRollout(roster, speakers=policies.speakers(), director=policies.chat_model("director"),
                            user=policies.chat_model("user"), block_turns=args.block_turns,

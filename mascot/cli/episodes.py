@@ -25,6 +25,7 @@ from mascot.cli.options import (
     mask_secrets_in_logs,
     masked,
     non_negative,
+    on_engine,
     out,
     policies_from_args,
     positive,
@@ -103,6 +104,10 @@ def _rollout(args: argparse.Namespace) -> int:
     if len(set(files)) < len(files):
         raise UsageError("--out, --failures and --trace must be different files")
     policies = policies_from_args(args, roster)
+    if args.engine == "vllm" and args.workers > 1:
+        raise UsageError("--engine vllm runs one server for this command; use --concurrency, or start "
+                         "`mascot serve --engine vllm` and give its URL to the workers with --base-url")
+    policies = on_engine(args, policies)
     redact = mask_secrets_in_logs(policies)
     roles = ("director", "user", *roster.persona_ids)
     if args.workers > 1:

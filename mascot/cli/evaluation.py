@@ -12,6 +12,7 @@ from mascot.cli.options import (
     err,
     judge_policies_from_args,
     mask_secrets_in_logs,
+    on_engine,
     out,
     positive,
     roster_scenarios,
@@ -46,6 +47,9 @@ def add_commands(commands: argparse._SubParsersAction) -> None:
                           help="rubrics the judge applies (default persona,group,direction; direction is the "
                                "stage-direction compliance metric)")
     evaluate.add_argument("--concurrency", type=positive, default=4, metavar="C")
+    evaluate.add_argument("--engine", choices=("local", "vllm"), default="local",
+                          help="what runs the local models: local (in-process) or vllm (a vLLM server for the "
+                               "policies and one for a local judge, started for this command)")
     evaluate.add_argument("--seed", type=int, default=0)
     evaluate.add_argument("--out", required=True, metavar="DIR")
     evaluate.set_defaults(run=_eval)
@@ -64,12 +68,12 @@ def _eval(args: argparse.Namespace) -> int:
     if not Path(args.policies).is_file():
         raise UsageError(f"--policies: no such file {args.policies}")
     trained = Policies.from_file(args.policies, roster, seed=args.seed)
-    trained = with_budgets(trained, args.max_tokens)
+    trained = on_engine(args, with_budgets(trained, args.max_tokens))
     baselines = BASELINE_SYSTEMS if args.baselines is None else [s for s in args.baselines.split(",") if s]
     systems = ["trained", *baselines, *(ABLATIONS if args.ablations else ())]
     scenarios = load_scenarios(args.scenarios) if args.scenarios else roster_scenarios(args.roster, "eval")
     profiles = load_profiles(args.profiles) if args.profiles else list(roster.user_profiles)
-    judge_policies = judge_policies_from_args(args, roster)
+    judge_policies = on_engine(args, judge_policies_from_args(args, roster))
     mask_secrets_in_logs(trained)
     mask_secrets_in_logs(judge_policies)
     folder = Path(args.out)

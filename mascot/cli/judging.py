@@ -20,6 +20,7 @@ from mascot.cli.options import (
     judge_policies_from_args,
     mask_secrets_in_logs,
     non_negative,
+    on_engine,
     out,
     policies_from_args,
     positive,
@@ -213,8 +214,8 @@ def _judge_policies(args: argparse.Namespace, roster: Roster) -> Policies:
     """The judge's policies: the judge flags, else the model flags (their ``judge`` role)."""
     judge = judge_policies_from_args(args, roster)
     if judge is None:
-        return policies_from_args(args, roster)
+        return on_engine(args, policies_from_args(args, roster))
     if args.model or args.policies or args.base_url:
         raise UsageError("use either the judge flags (--judge-model, --judge-policies) or --model/--policies/"
                          "--base-url, not both")
-    return judge
+    return on_engine(args, judge)

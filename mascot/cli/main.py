@@ -6,6 +6,7 @@ import argparse
 import logging
 import sys
 from collections.abc import Sequence
+from contextlib import ExitStack
 
 from mascot.cli import (
     chat,
@@ -35,6 +36,7 @@ _USER_ERRORS = (
     ("mascot.training.judging.rubric", "RubricError"),
     ("mascot.training.data.pairs", "PairsError"),
     ("mascot.offline_model", "OfflineModelError"),
+    ("mascot.policies.vllm_engine", "VllmError"),
 )
 
 
@@ -51,8 +53,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         format="%(levelname)s %(name)s: %(message)s",
         handlers=[_ConsoleHandler()],
     )
+    args.cleanup = ExitStack()  # what a command started (a vLLM server) stops when it ends
     try:
-        return args.run(args)
+        with args.cleanup:
+            return args.run(args)
     except RosterError as exc:  # a file with several problems: one line each
         return _fail(exc.summary, exc.problems)
     except KeyboardInterrupt:

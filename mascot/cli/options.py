@@ -44,6 +44,9 @@ def add_policy_flags(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--base-url", metavar="URL", help="OpenAI-compatible endpoint")
     group.add_argument("--api-key-env", metavar="VAR",
                        help="environment variable with the endpoint's API key")
+    group.add_argument("--engine", choices=("local", "vllm"), default="local",
+                       help="what runs the local models: local (in-process transformers, the default) or "
+                            "vllm (one vLLM server for this command, from scripts/install --vllm)")
     group.add_argument("--max-tokens", type=budgets, metavar="N|ROLE=N,...",
                        help="reply budgets in tokens: N for every role, or per role, e.g. "
                             "director=160,speakers=160,user=96,judge=512 (the defaults; "
@@ -148,6 +151,22 @@ def policies_from_args(args: argparse.Namespace, roster: Roster) -> Policies:
             raise UsageError("--api-key-env only applies with --base-url")
         spec = spec_from_flags(dict(kind="local", model=args.model or DEFAULT_MODEL, **tuning))
     return with_budgets(Policies.single(spec, roster, seed=args.seed), args.max_tokens)
+
+
+def on_engine(args: argparse.Namespace, policies: Policies) -> Policies:
+    """``policies`` on the engine of ``--engine``: as they are for ``local`` (or when no role
+    is local: ``--base-url`` names a server already), else every local role on one vLLM
+    server started now and stopped when the command ends (``args.cleanup``)."""
+    if getattr(args, "engine", "local") == "local" or all(
+            policies.spec(role).kind != "local" for role in ("default", *policies.specs) if role in policies.specs):
+        return policies
+    from mascot.policies.vllm_engine import on_vllm
+
+    err.print("starting vLLM for the local roles (takes a minute or two on a CPU)", markup=False)
+    served = args.cleanup.enter_context(on_vllm(policies, echo=bool(getattr(args, "verbose", False))))
+    url = next(spec.base_url for spec in served.specs.values() if spec.base_url)
+    err.print(f"vLLM ready at {url}", markup=False)
+    return served
 
 
 def spec_from_flags(fields: dict[str, object], flag_prefix: str = "--") -> PolicySpec:

@@ -6,14 +6,9 @@ import argparse
 import ipaddress
 import os
 import shlex
-import shutil
-import subprocess
-import sys
-import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-import httpx
 import yaml
 
 from mascot.cli.options import UsageError, err, out, positive
@@ -21,16 +16,13 @@ from mascot.cli.options import UsageError, err, out, positive
 if TYPE_CHECKING:  # imported where used: `mascot --help` loads no LangChain
     from mascot.policies.serving import ServedPolicies
 
-#: Seconds to wait for a started vLLM server to answer /health.
-VLLM_START_TIMEOUT = 900
-
-
 def add_commands(commands: argparse._SubParsersAction) -> None:
     """Add ``serve`` to the command line."""
     serve = commands.add_parser("serve", help="serve a policy file's base model and adapters, OpenAI-compatible")
     serve.add_argument("--policies", required=True, metavar="FILE", help="policy file whose local roles to serve")
     serve.add_argument("--engine", choices=("local", "vllm"), default="local",
-                       help="local: in-process transformers (CPU or GPU); vllm: run `vllm serve` (GPU)")
+                       help="local: in-process transformers; vllm: the vLLM server of .venv-vllm "
+                            "(scripts/install --vllm), on a CPU or a GPU")
     serve.add_argument("--host", default="127.0.0.1", help="interface to bind (default 127.0.0.1)")
     serve.add_argument("--port", type=positive, default=8000)
     serve.add_argument("--api-key-env", metavar="NAME",
@@ -44,7 +36,7 @@ def add_commands(commands: argparse._SubParsersAction) -> None:
                        help="largest max_tokens a request gets (local engine; default 1024)")
     serve.add_argument("--client-policies", metavar="FILE",
                        help="write a policy file that points every served role at this server")
-    serve.add_argument("--dry-run", action="store_true", help="vllm: print the command and exit")
+    serve.add_argument("--dry-run", action="store_true", help="vllm: print the engine's command and exit")
     serve.add_argument("--reload", action="store_true",
                        help="load the policy file's adapters into the server running at --url, and exit")
     serve.add_argument("--url", metavar="URL", help="with --reload: the running server's .../v1 URL")
@@ -90,36 +82,34 @@ def _serve(args: argparse.Namespace) -> int:
 
 
 def _vllm(args: argparse.Namespace, served: ServedPolicies, url: str) -> int:
-    extra = ["--served-model-name", _served_name(args, served)]
-    from mascot.policies.serving import vllm_command
+    from mascot.policies.vllm_engine import VllmServer, vllm_python
 
-    argv, env = vllm_command(served, host=args.host, port=args.port, api_key_env=args.api_key_env,
-                             allow_runtime_lora=args.allow_runtime_lora, extra=extra)
-    shown = " ".join(f"{k}={v}" for k, v in env.items())
+    server = VllmServer(served, host=args.host, port=args.port, served_name=_served_name(args, served),
+                        api_key=_api_key(args.api_key_env), allow_runtime_lora=args.allow_runtime_lora, echo=True)
     if args.dry_run:
-        out.print(f"{shown} {shlex.join(argv)}".strip(), markup=False)
+        argv, env = server.command(python=vllm_python() or "python")
+        if args.api_key_env:
+            env["VLLM_API_KEY"] = f"${args.api_key_env}"
+        out.print(" ".join([*(f"{k}={v}" for k, v in env.items()), shlex.join(argv)]), markup=False)
         return 0
-    if shutil.which("vllm") is None:
-        raise UsageError("vllm is not installed here; it runs in its own GPU environment (see README, Serving)")
-    child_env = {**os.environ, **env}
-    if args.api_key_env:
-        child_env["VLLM_API_KEY"] = os.environ[args.api_key_env]
-    _write_client_policies(args, served, url, base_name=_served_name(args, served))
-    err.print(f"starting: {shown} {shlex.join(argv)}".strip(), markup=False)
-    process = subprocess.Popen(argv, env=child_env, stdout=sys.stderr, stderr=sys.stderr)  # its log streams through
+    server.command()  # vLLM installed, adapters readable: before anything is written or started
+    _write_client_policies(args, served, url, base_name=server.served_name)
+    err.print(f"starting vLLM for {served.base} + {', '.join(served.adapters) or 'no adapters'}", markup=False)
     try:
-        deadline = time.monotonic() + VLLM_START_TIMEOUT
-        while process.poll() is None and time.monotonic() < deadline:
-            try:
-                if httpx.get(url.removesuffix("/v1") + "/health", timeout=5).status_code == 200:
-                    out.print(f"serve: vLLM ready at {url}", markup=False)
-                    break
-            except httpx.HTTPError:
-                time.sleep(2)
-        return process.wait()
+        server.start()
+        out.print(f"serve: vLLM ready at {url} in {server.started_in:.0f} s (log: {server.log})", markup=False)
+        assert server.process is not None
+        code = server.process.wait()
+        if code:
+            err.print(f"mascot: error: vLLM exited with code {code}: {server.cause()} (log: {server.log})",
+                      markup=False)
+            return 1
+        return 0
     except KeyboardInterrupt:
-        process.terminate()
-        return process.wait()
+        err.print("serve: stopping vLLM", markup=False)
+        return 130
+    finally:
+        server.stop()
 
 
 def _served_name(args: argparse.Namespace, served: ServedPolicies) -> str:

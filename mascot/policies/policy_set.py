@@ -45,6 +45,7 @@ class Policies:
         seed: int | None = None,
         http_client: httpx.Client | None = None,
         http_async_client: httpx.AsyncClient | None = None,
+        origin: Policies | None = None,
     ) -> None:
         """Hold the specs; nothing is loaded or contacted yet.
 
@@ -54,8 +55,11 @@ class Policies:
             seed: Seed for sampling (local backend) and the ``seed`` request field.
             http_client: Sync HTTP client for OpenAI-compatible roles (tests, proxies).
             http_async_client: Async HTTP client for OpenAI-compatible roles.
+            origin: The policies these serve on an engine (``vllm_engine.on_vllm``): turns
+                are recorded as written by them (base model, adapter folder, version).
         """
         self.specs = dict(specs)
+        self.origin = origin
         self.roster = roster
         self.seed = seed
         self._http_client = http_client
@@ -144,6 +148,8 @@ class Policies:
         """What produced a role's turns, for episode records: ``model`` (the base model,
         or the served name of an OpenAI-compatible model), ``adapter`` (its folder name)
         and ``adapter_version``. Secret-free."""
+        if self.origin is not None:
+            return self.origin.record(role)
         spec = self.spec(role)
         return {
             "model": spec.model,

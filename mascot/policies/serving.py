@@ -1,28 +1,23 @@
-"""What a server serves from a policy file, the vLLM command for it, and reloading adapters.
+"""What a server serves from a policy file, and reloading adapters into it.
 
 A server holds one base model and the LoRA adapters of the file's ``local`` roles, each
 served under its folder's name (``adapters/anchor`` -> model ``anchor``; an adapter
-shared by several roles is served once). ``vllm_command`` builds the ``vllm serve``
-command line for GPUs; ``reload_adapters`` pushes new adapter versions into a running
+shared by several roles is served once). ``vllm_engine`` runs vLLM for it;
+``reload_adapters`` pushes new adapter versions into a running
 server (vLLM or ``mascot serve``) through vLLM's runtime endpoints; ``client_policies``
 is the policy file that points every role at the server, for ``mascot chat --policies``.
 """
 
 from __future__ import annotations
 
-import json
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import httpx
 
-from mascot.policies.spec import PolicyError, load_policy_specs
-
-#: LoRA ranks vLLM accepts for ``--max-lora-rank``.
-VLLM_LORA_RANKS = (8, 16, 32, 64, 128, 256, 320, 512)
-#: vLLM's switch for the runtime load/unload endpoints.
-VLLM_RUNTIME_LORA_ENV = "VLLM_ALLOW_RUNTIME_LORA_UPDATING"
+from mascot.policies.spec import PolicyError, PolicySpec, load_policy_specs
 
 
 @dataclass(frozen=True)
@@ -59,7 +54,18 @@ class ServedPolicies:
             PolicyError: on an invalid file, no ``local`` role, roles on different base
                 models, or two adapter folders with the same name.
         """
-        specs = {role: spec for role, spec in load_policy_specs(path, None).items() if spec.kind == "local"}
+        return cls.from_specs(load_policy_specs(path, None), source=Path(path))
+
+    @classmethod
+    def from_specs(cls, specs: Mapping[str, PolicySpec], *, source: Path | None = None) -> ServedPolicies:
+        """The ``local`` roles of a set of specs (see ``from_file``; errors name ``source``).
+
+        Raises:
+            PolicyError: on no ``local`` role, roles on different base models, or two
+                adapter folders with the same name.
+        """
+        path = source or "the policies"
+        specs = {role: spec for role, spec in specs.items() if spec.kind == "local"}
         if not specs:
             raise PolicyError(f"{path}: no role of kind 'local' to serve")
         bases = sorted({spec.model for spec in specs.values()})
@@ -80,68 +86,7 @@ class ServedPolicies:
             roles_of = (*known.roles, role) if known else (role,)
             adapters[name] = ServedAdapter(name=name, path=folder, version=spec.version, roles=roles_of)
             roles[role] = name
-        return cls(base=bases[0], adapters=adapters, roles=roles, source=Path(path))
-
-
-def max_lora_rank(served: ServedPolicies) -> int:
-    """The smallest rank vLLM accepts that fits every adapter (``r`` of adapter_config.json).
-
-    Raises:
-        PolicyError: if an adapter folder has no readable adapter_config.json.
-    """
-    ranks = [8]
-    for adapter in served.adapters.values():
-        config = adapter.path / "adapter_config.json"
-        try:
-            ranks.append(int(json.loads(config.read_text(encoding="utf-8"))["r"]))
-        except (OSError, ValueError, KeyError, TypeError) as exc:
-            raise PolicyError(f"adapter '{adapter.name}': cannot read the rank from {config} ({exc})") from None
-    return next((r for r in VLLM_LORA_RANKS if r >= max(ranks)), max(ranks))
-
-
-def vllm_command(
-    served: ServedPolicies,
-    *,
-    host: str = "127.0.0.1",
-    port: int = 8000,
-    api_key_env: str | None = None,
-    allow_runtime_lora: bool = False,
-    max_loras: int | None = None,
-    extra: list[str] | None = None,
-) -> tuple[list[str], dict[str, str]]:
-    """The ``vllm serve`` command line for a policy file, and the environment it needs.
-
-    The API key is never on the command line (other users can read it there): vLLM reads
-    ``VLLM_API_KEY``, which the caller copies from ``api_key_env``.
-
-    Args:
-        served: What to serve.
-        host: Interface to bind.
-        port: Port.
-        api_key_env: Variable holding the API key; its value goes to ``VLLM_API_KEY``.
-        allow_runtime_lora: Turn on vLLM's load/unload endpoints (``reload_adapters``).
-        max_loras: Adapters in one batch; default all of them (at least 1).
-        extra: More ``vllm serve`` arguments, appended as given.
-
-    Returns:
-        ``argv`` and the environment variables to add (names only for the key: the value
-        is filled in by the caller, so this result can be printed).
-    """
-    argv = ["vllm", "serve", served.base, "--host", host, "--port", str(port)]
-    if served.adapters:
-        argv += ["--enable-lora", "--lora-modules",
-                 *(f"{a.name}={a.path}" for a in served.adapters.values()),
-                 "--max-lora-rank", str(max_lora_rank(served)),
-                 "--max-loras", str(max_loras or max(1, len(served.adapters)))]
-    elif allow_runtime_lora:
-        argv += ["--enable-lora", "--max-lora-rank", "64", "--max-loras", str(max_loras or 4)]
-    argv += list(extra or [])
-    env: dict[str, str] = {}
-    if allow_runtime_lora:
-        env[VLLM_RUNTIME_LORA_ENV] = "True"
-    if api_key_env:
-        env["VLLM_API_KEY"] = f"${api_key_env}"
-    return argv, env
+        return cls(base=bases[0], adapters=adapters, roles=roles, source=source)
 
 
 def reload_adapters(

