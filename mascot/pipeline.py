@@ -18,7 +18,7 @@ import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
@@ -100,6 +100,9 @@ class PipelineRecipe(_Section):
     director: DirectorStage = Field(default_factory=DirectorStage)
     eval: EvalStage = Field(default_factory=EvalStage)
     seed: int = 0
+    # what runs the local models of the generating stages (rollout, blocks, candidates,
+    # judge, eval): "vllm" starts one vLLM server per stage (see `--engine`)
+    engine: Literal["local", "vllm"] = "local"
 
 
 class PipelineError(ValueError):
@@ -134,19 +137,20 @@ def stages(recipe: PipelineRecipe, base: Path) -> list[tuple[str, list[str]]]:
     roster = ["--roster", recipe.roster]
     policies = out / "base-policies.yaml"
     local = [*roster, "--policies", str(policies)]
-    judge = _judge_flags(recipe.judge, base)
+    engine = ["--engine", recipe.engine] if recipe.engine != "local" else []  # local: the commands as before
+    judge = [*_judge_flags(recipe.judge, base), *engine]
     episodes = str(out / "episodes.jsonl")
     plan: list[tuple[str, list[str]]] = []
     if recipe.rollout is not None:
         r = recipe.rollout
-        plan.append(("rollout", ["rollout", *local, *_budget_flag(r.max_tokens), "--episodes",
+        plan.append(("rollout", ["rollout", *local, *engine, *_budget_flag(r.max_tokens), "--episodes",
                                  str(r.episodes), "--max-rounds", str(r.max_rounds), "--seed", str(recipe.seed),
                                  *_file_flag("--scenarios", r.scenarios, base),
                                  *_file_flag("--profiles", r.profiles, base), "--out", episodes]))
     else:
         plan.append(("import-logs", ["import-logs", "--from", recipe.import_logs.source, *roster, "--out", episodes]))
     plan += [
-        ("blocks", ["blocks", "--in", episodes, *local, "--g", str(recipe.group_blocks.g), "--block-turns",
+        ("blocks", ["blocks", "--in", episodes, *local, *engine, "--g", str(recipe.group_blocks.g), "--block-turns",
                     str(recipe.judge.block_turns), *_budget_flag(recipe.group_blocks.max_tokens),
                     *(["--max-points", str(recipe.group_blocks.max_points)] if recipe.group_blocks.max_points else []),
                     "--seed", str(recipe.seed), "--out", str(out / "blocks.jsonl")]),
@@ -157,7 +161,7 @@ def stages(recipe: PipelineRecipe, base: Path) -> list[tuple[str, list[str]]]:
                                   "--out", str(out / "sanity-persona.json")]),
         ("judge-sanity-group", ["judge", "--sanity", "--rubric", "group", *roster, *judge,
                                 "--out", str(out / "sanity-group.json")]),
-        ("candidates", ["candidates", "--in", episodes, *local, "--k", str(recipe.candidates),
+        ("candidates", ["candidates", "--in", episodes, *local, *engine, "--k", str(recipe.candidates),
                         *_budget_flag(recipe.rollout.max_tokens if recipe.rollout else None),
                         "--seed", str(recipe.seed), "--out", str(out / "candidates.jsonl")]),
         ("judge-candidates", ["judge", "--in", str(out / "candidates.jsonl"), "--rubric", "persona", *roster,
@@ -192,7 +196,7 @@ def stages(recipe: PipelineRecipe, base: Path) -> list[tuple[str, list[str]]]:
                           "--episodes", str(e.episodes), "--max-rounds", str(e.max_rounds),
                           *_budget_flag(e.max_tokens), "--rubrics", ",".join(e.rubrics), "--concurrency", str(e.concurrency),
                           *(["--metrics-only", ",".join(e.metrics_only)] if e.metrics_only else []),
-                          "--seed", str(recipe.seed), *_judge_flags(recipe.judge, base, "judge-"),
+                          "--seed", str(recipe.seed), *_judge_flags(recipe.judge, base, "judge-"), *engine,
                           "--out", str(out / "eval")]))
     return plan
 

@@ -20,6 +20,8 @@ def add_commands(commands: argparse._SubParsersAction) -> None:
     demo = commands.add_parser("demo", help="the whole method end to end on the CPU, offline, in minutes")
     demo.add_argument("--out", default="mascot-demo", metavar="DIR", help="where everything goes (default mascot-demo)")
     demo.add_argument("--model", metavar="M", help="a real model (Hub id or folder) instead of the tiny random one")
+    demo.add_argument("--engine", choices=("local", "vllm"), default="local",
+                      help="what runs the generating stages; vllm only with --model (the demo's tiny random model runs on the local engine)")
     demo.set_defaults(run=_demo)
 
 
@@ -49,6 +51,8 @@ def _demo(args: argparse.Namespace) -> int:
         check_extras()  # before minutes of work, not at the last stage
     except PipelineError as exc:
         raise UsageError(str(exc)) from None
+    if args.engine == "vllm" and not args.model:
+        raise UsageError("--engine vllm needs --model (a real model; the tiny random one is built for the local engine)")
     folder = Path(args.out).resolve()
     folder.mkdir(parents=True, exist_ok=True)
     if args.model:
@@ -64,7 +68,7 @@ def _demo(args: argparse.Namespace) -> int:
     for name, chosen in (("train-scenarios.jsonl", scenarios[:2]), ("eval-scenarios.jsonl", scenarios[2:5])):
         (folder / name).write_text("".join(json.dumps(s.model_dump()) + "\n" for s in chosen), encoding="utf-8")
     with start_stub_server() if not args.model else nullcontext() as stub:
-        recipe = demo_recipe(model, judge_url=stub.url if stub else None)
+        recipe = {**demo_recipe(model, judge_url=stub.url if stub else None), "engine": args.engine}
         recipe_file = folder / "recipe.yaml"
         recipe_file.write_text(yaml.safe_dump(recipe, sort_keys=False), encoding="utf-8")
         err.print(f"demo: model {model}; judge {'the stub server (scores derived from a hash of the text)' if stub else model}",
