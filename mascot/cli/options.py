@@ -41,7 +41,8 @@ def add_policy_flags(parser: argparse.ArgumentParser) -> None:
                        help=f"local model for every role (default {DEFAULT_MODEL}); with "
                             "--base-url, the served model name")
     group.add_argument("--policies", metavar="FILE", help="policy file: a model per role")
-    group.add_argument("--base-url", metavar="URL", help="OpenAI-compatible endpoint")
+    group.add_argument("--base-url", metavar="URL[,URL...]",
+                       help="OpenAI-compatible endpoint; several (replicas) spread the requests")
     group.add_argument("--api-key-env", metavar="VAR",
                        help="environment variable with the endpoint's API key")
     group.add_argument("--engine", choices=("local", "vllm"), default="local",
@@ -144,7 +145,8 @@ def policies_from_args(args: argparse.Namespace, roster: Roster) -> Policies:
     if args.base_url:
         if not args.model:
             raise UsageError("--base-url needs --model NAME (the served model or adapter name)")
-        spec = spec_from_flags(dict(kind="openai", model=args.model, base_url=args.base_url,
+        urls = [url.strip() for url in args.base_url.split(",") if url.strip()]
+        spec = spec_from_flags(dict(kind="openai", model=args.model, base_url=urls[0] if len(urls) == 1 else urls,
                           api_key_env=args.api_key_env, **tuning))
     else:
         if args.api_key_env:
@@ -164,7 +166,7 @@ def on_engine(args: argparse.Namespace, policies: Policies) -> Policies:
 
     err.print("starting vLLM for the local roles (takes a minute or two on a CPU)", markup=False)
     served = args.cleanup.enter_context(on_vllm(policies, echo=bool(getattr(args, "verbose", False))))
-    url = next(spec.base_url for spec in served.specs.values() if spec.base_url)
+    url = next(spec.urls[0] for spec in served.specs.values() if spec.urls)
     err.print(f"vLLM ready at {url}", markup=False)
     return served
 

@@ -36,6 +36,9 @@ def add_commands(commands: argparse._SubParsersAction) -> None:
                        help="largest max_tokens a request gets (local engine; default 1024)")
     serve.add_argument("--client-policies", metavar="FILE",
                        help="write a policy file that points every served role at this server")
+    serve.add_argument("--vllm-args", default="", metavar="'ARGS'",
+                       help="vllm: more server arguments, e.g. '--tensor-parallel-size 2' or "
+                            "'--data-parallel-size 4'")
     serve.add_argument("--dry-run", action="store_true", help="vllm: print the engine's command and exit")
     serve.add_argument("--reload", action="store_true",
                        help="load the policy file's adapters into the server running at --url, and exit")
@@ -60,8 +63,8 @@ def _serve(args: argparse.Namespace) -> int:
         err.print(f"warning: serving on {args.host} without an API key (--api-key-env)", markup=False)
     if args.engine == "vllm":
         return _vllm(args, served, url)
-    if args.dry_run:
-        raise UsageError("--dry-run prints the vllm command; use it with --engine vllm")
+    if args.dry_run or args.vllm_args:
+        raise UsageError("--dry-run and --vllm-args are for --engine vllm")
     import uvicorn
 
     from mascot.policies.local import LocalBackend
@@ -85,7 +88,8 @@ def _vllm(args: argparse.Namespace, served: ServedPolicies, url: str) -> int:
     from mascot.policies.vllm_engine import VllmServer, vllm_python
 
     server = VllmServer(served, host=args.host, port=args.port, served_name=_served_name(args, served),
-                        api_key=_api_key(args.api_key_env), allow_runtime_lora=args.allow_runtime_lora, echo=True)
+                        api_key=_api_key(args.api_key_env), allow_runtime_lora=args.allow_runtime_lora,
+                        extra=shlex.split(args.vllm_args), echo=True)
     if args.dry_run:
         argv, env = server.command(python=vllm_python() or "python")
         if args.api_key_env:

@@ -140,7 +140,7 @@ class Policies:
     def describe(self, role: str) -> str:
         """A short, secret-free description of a role's policy, for logs and output."""
         spec = self.spec(role)
-        where = (spec.base_url or "openai") if spec.kind == "openai" else "local"
+        where = (",".join(spec.urls) or "openai") if spec.kind == "openai" else "local"
         adapter = f" + {Path(spec.adapter).name}" if spec.adapter else ""
         return f"{spec.model}{adapter} ({where})"
 
@@ -224,9 +224,15 @@ def openai_chat_model(
             raise PolicyError(
                 f"environment variable {spec.api_key_env} (the API key for {spec.model}) is not set"
             )
+    urls = spec.urls
+    if len(urls) > 1 and http_client is None and http_async_client is None:
+        from mascot.policies.replicas import AsyncReplicaTransport, ReplicaTransport
+
+        http_client = httpx.Client(transport=ReplicaTransport(urls), timeout=spec.timeout)
+        http_async_client = httpx.AsyncClient(transport=AsyncReplicaTransport(urls), timeout=spec.timeout)
     return SeededChatOpenAI(
         model=spec.model,
-        base_url=spec.base_url,
+        base_url=urls[0] if urls else None,
         api_key=SecretStr(key),
         temperature=spec.temperature,
         max_tokens=spec.max_tokens or max_tokens or role_max_tokens("default"),

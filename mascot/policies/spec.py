@@ -43,7 +43,9 @@ class PolicySpec(BaseModel):
         adapter: PEFT adapter directory (``local`` only); relative paths are taken from
             the policy file's folder, as are ``local`` model paths starting with ``.``.
         version: Adapter version recorded with each reply.
-        base_url: Endpoint URL (``openai`` only); ``None`` means OpenAI's own.
+        base_url: Endpoint URL (``openai`` only); ``None`` means OpenAI's own. A list names
+            replicas of the same server: requests spread over them and skip a failing one
+            (``mascot.policies.replicas``).
         api_key_env: Name of the environment variable holding the API key (``openai``
             only). The key itself is never written to a file or a log.
         temperature: Sampling temperature.
@@ -62,7 +64,7 @@ class PolicySpec(BaseModel):
     model: str = Field(min_length=1)
     adapter: str | None = None
     version: str | None = None
-    base_url: str | None = None
+    base_url: str | list[str] | None = None
     api_key_env: str | None = Field(default=None, pattern=r"^[A-Za-z_][A-Za-z0-9_]*$")
     temperature: float = Field(default=0.7, ge=0.0, le=2.0)
     max_tokens: int | None = Field(default=None, ge=1)
@@ -70,8 +72,17 @@ class PolicySpec(BaseModel):
     max_retries: int = Field(default=2, ge=0)
     dtype: Literal["auto", "bfloat16", "float16", "float32"] | None = None
 
+    @property
+    def urls(self) -> list[str]:
+        """The endpoint URLs: none, one, or the replicas of a list ``base_url``."""
+        if self.base_url is None:
+            return []
+        return [self.base_url] if isinstance(self.base_url, str) else list(self.base_url)
+
     @model_validator(mode="after")
     def _fields_fit_kind(self) -> PolicySpec:
+        if isinstance(self.base_url, list) and (not self.base_url or not all(u.strip() for u in self.base_url)):
+            raise ValueError("base_url: a list needs at least one URL, none of them empty")
         if self.kind == "openai" and self.dtype:
             raise ValueError("dtype is for kind 'local'; a server chooses its own precision")
         if self.kind == "local" and (self.base_url or self.api_key_env):
