@@ -160,6 +160,11 @@ def cut_quotes(text: str, sources: Iterable[str], *, min_words: int = QUOTE_WORD
     return text, cut
 
 
+def word_count(text: str) -> int:
+    """The words of ``text``, counted as ``cut_quotes`` counts them."""
+    return len(_TOKEN.findall(text))
+
+
 def _repeated_run(text: str, source: list[str], length: int) -> tuple[int, int, int] | None:
     """The character span and word count of the longest run of ``text``'s words that is
     also consecutive in ``source``, if it has at least ``length`` words."""

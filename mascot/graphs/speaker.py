@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import logging
-import re
 import time
 from typing import Any
 
@@ -13,7 +12,15 @@ from langchain_core.messages import AIMessage, BaseMessage
 from mascot.graphs.direction import StageDirection
 from mascot.graphs.node import Node
 from mascot.graphs.prompts import speaker_messages
-from mascot.graphs.reply import clean_reply, cut_quotes, echoes, speaker_labels, strip_cues, user_labels
+from mascot.graphs.reply import (
+    clean_reply,
+    cut_quotes,
+    echoes,
+    speaker_labels,
+    strip_cues,
+    user_labels,
+    word_count,
+)
 from mascot.graphs.state import DirectorState
 from mascot.rosters import Persona, Roster
 
@@ -21,7 +28,6 @@ logger = logging.getLogger(__name__)
 
 #: Words a reply must keep after a repeated message is cut from it to stay a turn.
 MIN_WORDS_LEFT = 3
-_WORDS = re.compile(r"[A-Za-z0-9']+")
 
 
 def speaker_node(roster: Roster, persona: Persona, model: BaseChatModel) -> Node:
@@ -60,7 +66,7 @@ def speaker_node(roster: Roster, persona: Persona, model: BaseChatModel) -> Node
         said = [m.text for m in state["messages"] if m.type == "human"]
         text, quoted = cut_quotes(text, said)
         reason = None
-        if quoted and len(_WORDS.findall(text)) < MIN_WORDS_LEFT:
+        if quoted and word_count(text) < MIN_WORDS_LEFT:
             reason = f"repeated the person's message ({quoted} words); turn skipped"
         elif not text:
             reason = "empty reply; turn skipped"
