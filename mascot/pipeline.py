@@ -13,10 +13,12 @@ from __future__ import annotations
 import hashlib
 import importlib.util
 import json
+import os
 import subprocess
 import sys
 import time
 from collections.abc import Callable
+from contextlib import ExitStack
 from pathlib import Path
 from typing import Any, Literal
 
@@ -101,7 +103,8 @@ class PipelineRecipe(_Section):
     eval: EvalStage = Field(default_factory=EvalStage)
     seed: int = 0
     # what runs the local models of the generating stages (rollout, blocks, candidates,
-    # judge, eval): "vllm" starts one vLLM server per stage (see `--engine`)
+    # judge, eval): "vllm" runs one vLLM server per base model for the whole pipeline, into
+    # which each stage loads the adapters it needs (those trained by earlier stages too)
     engine: Literal["local", "vllm"] = "local"
 
 
@@ -256,21 +259,77 @@ def run_pipeline(
     markers = out / ".stages"
     markers.mkdir(parents=True, exist_ok=True)
     _base_policies(recipe, base, out)
-    for name, argv in stages(recipe, base):
-        marker = markers / f"{name}.json"
-        digest = hashlib.sha256(json.dumps(argv).encode()).hexdigest()
-        if marker.is_file() and json.loads(marker.read_text(encoding="utf-8")).get("sha256") == digest:
-            on_stage(name, "skipped")
-            continue
-        on_stage(name, "running")
-        started = time.monotonic()
-        result = subprocess.run([sys.executable, "-m", "mascot", *argv], capture_output=True, text=True, env=env)
-        if result.returncode != 0:
-            lines = [line for line in result.stderr.strip().splitlines() if line.strip()]
-            raise PipelineError(f"stage {name} failed ({result.returncode}): {lines[-1] if lines else 'no output'}")
-        marker.write_text(json.dumps({"sha256": digest, "argv": argv}) + "\n", encoding="utf-8")
-        on_stage(name, f"done in {time.monotonic() - started:.0f} s")
+    with ExitStack() as engines:
+        pool = None
+        for name, argv in stages(recipe, base):
+            marker = markers / f"{name}.json"
+            digest = hashlib.sha256(json.dumps(argv).encode()).hexdigest()
+            if marker.is_file() and json.loads(marker.read_text(encoding="utf-8")).get("sha256") == digest:
+                on_stage(name, "skipped")
+                continue
+            stage_env = env
+            if "--engine" in argv:  # a generating stage on vLLM: on the pipeline's servers
+                from mascot.policies.vllm_engine import VLLM_SERVERS_ENV, VllmError, VllmPool
+
+                if pool is None:
+                    pool = engines.enter_context(VllmPool(lora_rank=_lora_rank(recipe, base), attach={},
+                                                          announce=lambda line: on_stage("engine", line)))
+                try:
+                    urls = {model: pool.url(model) for model in _engine_bases(recipe, base)}
+                except VllmError as exc:
+                    raise PipelineError(f"engine: {exc}") from None
+                stage_env = {**(env if env is not None else os.environ), VLLM_SERVERS_ENV: json.dumps(urls)}
+            on_stage(name, "running")
+            started = time.monotonic()
+            result = subprocess.run([sys.executable, "-m", "mascot", *argv], capture_output=True, text=True,
+                                    env=stage_env)
+            if result.returncode != 0:
+                lines = [line for line in result.stderr.strip().splitlines() if line.strip()]
+                raise PipelineError(f"stage {name} failed ({result.returncode}): "
+                                    f"{lines[-1] if lines else 'no output'}")
+            marker.write_text(json.dumps({"sha256": digest, "argv": argv}) + "\n", encoding="utf-8")
+            on_stage(name, f"done in {time.monotonic() - started:.0f} s")
     return out / "eval" / "report.md"
+
+
+def _engine_bases(recipe: PipelineRecipe, base: Path) -> list[str]:
+    """The base models the generating stages run locally: the policies' and, when it is
+    local, the judge's (as the stages' policy files name them)."""
+    models = [_model(recipe, base)]
+    judge = recipe.judge
+    if judge.model and not judge.base_url:
+        models.append(judge.model)
+    elif judge.policies:
+        from mascot.policies.spec import PolicyError, load_policy_specs
+
+        try:
+            specs = load_policy_specs(_path(judge.policies, base), None)
+        except PolicyError as exc:
+            raise PipelineError(str(exc)) from None
+        models += [spec.model for spec in specs.values() if spec.kind == "local"]
+    return list(dict.fromkeys(models))
+
+
+def _lora_rank(recipe: PipelineRecipe, base: Path) -> int:
+    """The largest LoRA rank the training stages use (``lora_r`` of their recipes or flags),
+    so the pipeline's vLLM servers take the adapters they train."""
+    ranks = [16]
+    for stage in (recipe.speakers, recipe.director):
+        flags = stage.flags
+        if "--lora_r" in flags[:-1] and flags[flags.index("--lora_r") + 1].isdigit():
+            ranks.append(int(flags[flags.index("--lora_r") + 1]))
+            continue
+        if not stage.config:
+            continue
+        local = _path(stage.config, base)
+        shipped = Path(__file__).parent / "training" / "fitting" / "recipes" / f"{stage.config.removesuffix('.yaml')}.yaml"
+        for candidate in (local, shipped):
+            if candidate.is_file():
+                value = (yaml.safe_load(candidate.read_text(encoding="utf-8")) or {}).get("lora_r")
+                if isinstance(value, int):
+                    ranks.append(value)
+                break
+    return max(ranks)
 
 
 def _base_policies(recipe: PipelineRecipe, base: Path, out: Path) -> None:

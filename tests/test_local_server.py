@@ -5,17 +5,14 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import socket
-import threading
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
 import openai
 import pytest
-import uvicorn
 import yaml
+from http_app import serve_app
 from langchain_openai import ChatOpenAI
 
 from mascot.graphs import create_director_graph
@@ -29,10 +26,6 @@ from mascot.rosters import Roster
 KEY = "test-key-1234567890"
 
 
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
 
 
 @pytest.fixture(scope="module")
@@ -53,18 +46,8 @@ def server(served: ServedPolicies) -> Iterator[str]:
                                 adapter_versions={a.name: a.version for a in served.adapters.values()})
     app = create_app(backend, served_name="tiny", api_key=KEY, adapters_dir=served.source.parent,
                      allow_runtime_lora=True, limits=ServerLimits(max_tokens=32, max_body_bytes=200_000))
-    port = free_port()
-    instance = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
-    thread = threading.Thread(target=instance.run, daemon=True)
-    thread.start()
-    url = f"http://127.0.0.1:{port}/v1"
-    for _ in range(200):
-        if instance.started:
-            break
-        time.sleep(0.05)
-    yield url
-    instance.should_exit = True
-    thread.join(timeout=10)
+    with serve_app(app) as url:
+        yield url
 
 
 def chat(url: str, model: str, **kwargs: object) -> ChatOpenAI:

@@ -4,7 +4,6 @@ lock), and a stream whose adapter goes away."""
 
 from __future__ import annotations
 
-import socket
 import threading
 import time
 from collections.abc import Iterator
@@ -12,7 +11,7 @@ from pathlib import Path
 
 import openai
 import pytest
-import uvicorn
+from http_app import serve_app
 
 from mascot.policies.local import LocalBackend
 from mascot.policies.local.fair_lock import FairLock
@@ -21,10 +20,6 @@ from mascot.policies.local.server import create_app
 CONVERSATION = [{"role": "user", "content": "Tell me about your week in detail."}]
 
 
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
 
 
 @pytest.fixture(scope="module")
@@ -34,17 +29,8 @@ def backend(tiny_model: Path) -> LocalBackend:
 
 @pytest.fixture(scope="module")
 def server(backend: LocalBackend) -> Iterator[str]:
-    instance = uvicorn.Server(uvicorn.Config(create_app(backend, served_name="tiny"), host="127.0.0.1",
-                                             port=free_port(), log_level="warning"))
-    thread = threading.Thread(target=instance.run, daemon=True)
-    thread.start()
-    for _ in range(200):
-        if instance.started:
-            break
-        time.sleep(0.05)
-    yield f"http://127.0.0.1:{instance.config.port}/v1"
-    instance.should_exit = True
-    thread.join(timeout=10)
+    with serve_app(create_app(backend, served_name="tiny")) as url:
+        yield url
 
 
 @pytest.mark.parametrize("request_fields", [

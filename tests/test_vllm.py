@@ -147,6 +147,15 @@ def test_runtime_adapters_and_reload(served: tuple, policy_file: Path) -> None:
     reload = subprocess.run([MASCOT, "serve", "--reload", "--policies", str(policy_file), "--url", url],
                             capture_output=True, text=True, timeout=300)
     assert reload.returncode == 0 and "reloaded anchor, catalyst" in reload.stdout, reload.stderr[-2000:]
+    # what a pipeline stage does with the pipeline's server: the adapters it needs, loaded in place
+    from mascot.policies import Policies
+    from mascot.policies.vllm_engine import VllmPool
+    from mascot.rosters import load_roster
+
+    policies = Policies.from_file(policy_file, load_roster("emotional_support"), seed=0)
+    remote = VllmPool(attach={policies.spec("default").model: url}).serve(policies)
+    assert remote.spec("anchor").model == "anchor" and remote.spec("catalyst").model == "catalyst"
+    assert remote.chat_model("anchor").invoke([("user", MESSAGE)]).content.strip()
     # a bad adapter path is refused and the engine keeps serving
     bad = httpx.post(f"{url}/load_lora_adapter", json={"lora_name": "bad", "lora_path": "/no/such/adapter"},
                      timeout=60)

@@ -157,18 +157,20 @@ def policies_from_args(args: argparse.Namespace, roster: Roster) -> Policies:
 
 def on_engine(args: argparse.Namespace, policies: Policies) -> Policies:
     """``policies`` on the engine of ``--engine``: as they are for ``local`` (or when no role
-    is local: ``--base-url`` names a server already), else every local role on one vLLM
-    server started now and stopped when the command ends (``args.cleanup``)."""
+    is local: ``--base-url`` names a server already), else every local role on the command's
+    vLLM servers (one per base model, shared by all its policy sets, the judge's included),
+    started on first use and stopped when the command ends (``args.cleanup``); a pipeline's
+    stages use the servers it runs (``$MASCOT_VLLM_SERVERS``)."""
     if getattr(args, "engine", "local") == "local" or all(
             policies.spec(role).kind != "local" for role in ("default", *policies.specs) if role in policies.specs):
         return policies
-    from mascot.policies.vllm_engine import on_vllm
+    from mascot.policies.vllm_engine import VllmPool
 
-    err.print("starting vLLM for the local roles (takes a minute or two on a CPU)", markup=False)
-    served = args.cleanup.enter_context(on_vllm(policies, echo=bool(getattr(args, "verbose", False))))
-    url = next(spec.urls[0] for spec in served.specs.values() if spec.urls)
-    err.print(f"vLLM ready at {url}", markup=False)
-    return served
+    pool = getattr(args, "vllm_pool", None)
+    if pool is None:
+        pool = args.vllm_pool = args.cleanup.enter_context(
+            VllmPool(echo=bool(getattr(args, "verbose", False)), announce=lambda line: err.print(line, markup=False)))
+    return pool.serve(policies)
 
 
 def spec_from_flags(fields: dict[str, object], flag_prefix: str = "--") -> PolicySpec:

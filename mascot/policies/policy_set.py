@@ -103,8 +103,15 @@ class Policies:
         spec = self.spec("default").model_copy(update={"adapter": None, "version": None})
         if spec.kind == "local":
             self.chat_model("default")  # loads the shared backend with every adapter of the file
+        origin = None
+        if self.origin is not None:  # on an engine: recorded as the bare local base, which is never loaded
+            local = self.origin.spec("default")
+            if local.adapter:
+                raise PolicyError("on an engine, the bare base is served by the 'default' role's name: "
+                                  "give 'default' no adapter (name the roles that use one)")
+            origin = Policies({"default": local}, self.roster, seed=self.seed)
         bare = Policies({"default": spec}, self.roster, seed=self.seed, http_client=self._http_client,
-                        http_async_client=self._http_async_client)
+                        http_async_client=self._http_async_client, origin=origin)
         bare._backends = self._backends
         return bare
 

@@ -26,7 +26,7 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -36,7 +36,7 @@ from typing import IO, Self
 import httpx
 
 from mascot.policies.policy_set import Policies
-from mascot.policies.serving import ServedPolicies
+from mascot.policies.serving import ServedAdapter, ServedPolicies
 from mascot.policies.spec import PolicyError, PolicySpec
 
 logger = logging.getLogger(__name__)
@@ -49,6 +49,10 @@ VLLM_VENV = ".venv-vllm"
 VLLM_LORA_RANKS = (8, 16, 32, 64, 128, 256, 320, 512)
 #: vLLM's switch for the runtime load/unload endpoints.
 VLLM_RUNTIME_LORA_ENV = "VLLM_ALLOW_RUNTIME_LORA_UPDATING"
+#: Variable naming running vLLM servers to use instead of starting one (``VllmPool``).
+VLLM_SERVERS_ENV = "MASCOT_VLLM_SERVERS"
+#: Adapters in one batch on a server started with runtime LoRA (a roster's voices and the Director).
+DEFAULT_MAX_LORAS = 8
 #: Seconds a server may take to answer (the CPU build spends ~100-120 s importing).
 START_TIMEOUT = 900.0
 #: Context length on a CPU: the KV cache is sized by memory, and our prompts stay far below.
@@ -140,7 +144,12 @@ def max_lora_rank(served: ServedPolicies) -> int:
             ranks.append(int(json.loads(config.read_text(encoding="utf-8"))["r"]))
         except (OSError, ValueError, KeyError, TypeError) as exc:
             raise PolicyError(f"adapter '{adapter.name}': cannot read the rank from {config} ({exc})") from None
-    return next((r for r in VLLM_LORA_RANKS if r >= max(ranks)), max(ranks))
+    return _vllm_rank(max(ranks))
+
+
+def _vllm_rank(rank: int) -> int:
+    """The smallest rank vLLM accepts for ``--max-lora-rank`` that is at least ``rank``."""
+    return next((r for r in VLLM_LORA_RANKS if r >= rank), rank)
 
 
 def vllm_command(
@@ -153,6 +162,7 @@ def vllm_command(
     api_key_env: str | None = None,
     allow_runtime_lora: bool = False,
     max_loras: int | None = None,
+    lora_rank: int | None = None,
     cpu: CpuSettings | None = None,
     extra: Sequence[str] = (),
 ) -> tuple[list[str], dict[str, str]]:
@@ -171,6 +181,8 @@ def vllm_command(
         allow_runtime_lora: Turn on vLLM's load/unload endpoints (``reload_adapters``).
         max_loras: Adapters in one batch; default all of them (at least 1; 4 with runtime
             loading and none given).
+        lora_rank: Largest adapter rank to take (rounded up to one vLLM accepts); default
+            the adapters' largest, or 64 for runtime loading with none given.
         cpu: Settings for a CPU-only machine (``cpu_settings``); ``None`` for a GPU.
         extra: More server arguments, appended as given.
 
@@ -183,11 +195,12 @@ def vllm_command(
     if served_name:
         argv += ["--served-model-name", served_name]
     if served.adapters:
+        rank = _vllm_rank(max(lora_rank or 0, max_lora_rank(served)))
         argv += ["--enable-lora", "--lora-modules", *(f"{a.name}={a.path}" for a in served.adapters.values()),
-                 "--max-lora-rank", str(max_lora_rank(served)),
-                 "--max-loras", str(max_loras or len(served.adapters))]
+                 "--max-lora-rank", str(rank), "--max-loras", str(max_loras or len(served.adapters))]
     elif allow_runtime_lora:  # adapters come later: room for the usual ranks
-        argv += ["--enable-lora", "--max-lora-rank", "64", "--max-loras", str(max_loras or 4)]
+        argv += ["--enable-lora", "--max-lora-rank", str(_vllm_rank(lora_rank or 64)),
+                 "--max-loras", str(max_loras or 4)]
     env: dict[str, str] = {}
     if cpu is not None:
         argv += ["--dtype", cpu.dtype, "--max-model-len", str(CPU_MAX_MODEL_LEN)]
@@ -216,6 +229,8 @@ class VllmServer:
         served_name: str | None = None,
         api_key: str | None = None,
         allow_runtime_lora: bool = False,
+        max_loras: int | None = None,
+        lora_rank: int | None = None,
         extra: Sequence[str] = (),
         echo: bool = False,
         log: str | Path | None = None,
@@ -229,6 +244,8 @@ class VllmServer:
                 (its absolute path stays private), or the Hub id as given.
             api_key: The key every request must send (given to vLLM by its environment).
             allow_runtime_lora: Turn on the runtime load/unload endpoints.
+            max_loras: Adapters in one batch (``vllm_command``).
+            lora_rank: Largest adapter rank to take (``vllm_command``).
             extra: More server arguments.
             echo: Copy the server's log to stderr as it is written.
             log: The log file; default a temporary file, kept after a failure.
@@ -240,6 +257,8 @@ class VllmServer:
         self.served_name = served_name or (Path(served.base).name if Path(served.base).is_dir() else served.base)
         self.api_key = api_key
         self.allow_runtime_lora = allow_runtime_lora
+        self.max_loras = max_loras
+        self.lora_rank = lora_rank
         self.extra = list(extra)
         self.echo = echo
         self.log = Path(log) if log else None
@@ -266,8 +285,8 @@ class VllmServer:
                             f"or set {VLLM_PYTHON_ENV} to the interpreter of an environment with vLLM")
         cpu = None if has_gpu() else cpu_settings(self.served.base)
         return vllm_command(self.served, python=python, host=self.host, port=self.port,
-                            served_name=self.served_name, allow_runtime_lora=self.allow_runtime_lora, cpu=cpu,
-                            extra=self.extra)
+                            served_name=self.served_name, allow_runtime_lora=self.allow_runtime_lora,
+                            max_loras=self.max_loras, lora_rank=self.lora_rank, cpu=cpu, extra=self.extra)
 
     def start(self) -> Self:
         """Start the server and wait until ``/v1/models`` answers.
@@ -366,30 +385,171 @@ class VllmServer:
         self.stop()
 
 
+class VllmPool:
+    """The vLLM servers of one command or one pipeline: one per base model, each started on
+    first use with runtime LoRA on, and the adapters a policy set needs loaded into it.
+
+    A base listed in ``$MASCOT_VLLM_SERVERS`` (JSON ``{"base model": "http://.../v1"}``, what
+    ``mascot pipeline`` gives its stages) is served by that running server, which is used
+    and never stopped; the others are started here and stopped by ``close``. Adapters are
+    loaded in place (``load_inplace``) the first time a pool sees them, so a new version of
+    the same name replaces the old one.
+    """
+
+    def __init__(
+        self,
+        *,
+        echo: bool = False,
+        max_loras: int = DEFAULT_MAX_LORAS,
+        lora_rank: int | None = None,
+        attach: Mapping[str, str] | None = None,
+        announce: Callable[[str], None] | None = None,
+    ) -> None:
+        """Args:
+            echo: Copy the servers' logs to stderr.
+            announce: Told a line when a server starts and when it is ready.
+            max_loras: Adapters in one batch on a server started here.
+            lora_rank: Largest adapter rank a server started here takes (rounded up to one
+                vLLM accepts); default that of the first policies' adapters, at least 16.
+            attach: Base model -> URL of running servers; default ``$MASCOT_VLLM_SERVERS``.
+
+        Raises:
+            VllmError: if ``$MASCOT_VLLM_SERVERS`` is not a JSON object of URLs.
+        """
+        self.echo = echo
+        self.announce = announce or (lambda line: None)
+        self.max_loras = max_loras
+        self.lora_rank = lora_rank
+        self.attached = dict(attach) if attach is not None else attached_servers()
+        self.servers: dict[str, VllmServer] = {}
+        self._names: dict[str, str] = {}  # URL -> the base's served name
+        self._loaded: dict[str, dict[str, Path]] = {}  # URL -> adapter name -> folder loaded
+
+    def url(self, base: str, served: ServedPolicies | None = None) -> str:
+        """The URL of the server for ``base``, started now if the pool has none (with the
+        adapters of ``served`` as its LoRA modules).
+
+        Raises:
+            VllmError: if vLLM is missing or fails to start.
+        """
+        if base in self.attached:
+            return self.attached[base].rstrip("/")
+        if base not in self.servers:
+            served = served or ServedPolicies(base=base)
+            server = VllmServer(served, allow_runtime_lora=True, echo=self.echo, lora_rank=self.lora_rank or 16,
+                                max_loras=max(self.max_loras, len(served.adapters)))
+            self.announce(f"starting vLLM for {base} (a minute or two on a CPU)")
+            server.start()
+            self.announce(f"vLLM ready at {server.url} in {server.started_in:.0f} s")
+            self.servers[base] = server
+            self._loaded[server.url] = {a.name: a.path for a in served.adapters.values()}
+        return self.servers[base].url
+
+    def serve(self, policies: Policies) -> Policies:
+        """``policies`` with every ``local`` role answered by the pool's server for its base
+        model: an ``openai`` role named by its adapter (loaded first if needed) or by the
+        base, with its own temperature, budget, timeout and version. Roles already on a
+        server stay as they are; turns are recorded as the local ones would be
+        (``Policies.record``: base model, adapter folder, version).
+
+        Raises:
+            PolicyError: if no role is local, the local roles use several base models, or
+                the server refuses an adapter (its reason in the message).
+            VllmError: if vLLM is missing or fails to start.
+        """
+        roles = {*policies.specs, *policies.roster.persona_ids, "director", "user", "judge"}
+        specs = {role: policies.spec(role) for role in sorted(roles)
+                 if role in policies.specs or "default" in policies.specs}
+        served = ServedPolicies.from_specs(specs)
+        url = self.url(served.base, served)
+        loaded = self._loaded.setdefault(url, {})
+        missing = {name: a for name, a in served.adapters.items() if loaded.get(name) != a.path}
+        if missing:
+            load_adapters(url, missing.values())
+            loaded.update({name: a.path for name, a in missing.items()})
+        name = self._served_name(url, served.base)
+        remote = {role: spec if spec.kind != "local" else PolicySpec(
+            kind="openai", model=served.roles[role] or name, base_url=url, version=spec.version,
+            temperature=spec.temperature, max_tokens=spec.max_tokens, timeout=spec.timeout,
+            max_retries=spec.max_retries) for role, spec in specs.items()}
+        return Policies(remote, policies.roster, seed=policies.seed, origin=policies)
+
+    def _served_name(self, url: str, base: str) -> str:
+        """The base model's name on the server at ``url``."""
+        for server in self.servers.values():
+            if server.url == url:
+                return server.served_name
+        if url not in self._names:
+            try:
+                listed = httpx.get(f"{url}/models", timeout=30).json().get("data", [])
+            except (httpx.HTTPError, ValueError) as exc:
+                raise VllmError(f"cannot list the models of the vLLM server at {url} ({exc})") from None
+            bases = [m["id"] for m in listed if not m.get("parent")]
+            if not bases:
+                raise VllmError(f"the vLLM server at {url} lists no base model (serving {base} was expected)")
+            self._names[url] = bases[0]
+        return self._names[url]
+
+    def close(self) -> None:
+        """Stop every server the pool started (attached ones keep running)."""
+        for server in self.servers.values():
+            server.stop()
+        self.servers.clear()
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None) -> None:
+        self.close()
+
+
+def attached_servers() -> dict[str, str]:
+    """``$MASCOT_VLLM_SERVERS``: base model -> URL of a running vLLM server to use.
+
+    Raises:
+        VllmError: if the variable is set but is not a JSON object of strings.
+    """
+    text = os.environ.get(VLLM_SERVERS_ENV)
+    if not text:
+        return {}
+    try:
+        servers = json.loads(text)
+    except ValueError as exc:
+        raise VllmError(f"{VLLM_SERVERS_ENV}: not JSON ({exc})") from None
+    if not isinstance(servers, dict) or not all(isinstance(v, str) for v in servers.values()):
+        raise VllmError(f'{VLLM_SERVERS_ENV}: expected {{"base model": "http://host:port/v1", ...}}')
+    return servers
+
+
+def load_adapters(url: str, adapters: Iterable[ServedAdapter]) -> None:
+    """Load adapters into the running vLLM server at ``url``, each replacing one of the same
+    name (``load_inplace``); the server must allow runtime LoRA.
+
+    Raises:
+        PolicyError: if the server refuses one (its reason in the message) or cannot be reached.
+    """
+    try:
+        for adapter in adapters:
+            answer = httpx.post(f"{url}/load_lora_adapter", timeout=300, json={
+                "lora_name": adapter.name, "lora_path": str(adapter.path), "load_inplace": True})
+            if answer.status_code != 200:
+                raise PolicyError(f"vLLM at {url} refused adapter '{adapter.name}' ({adapter.path}): "
+                                  f"{answer.status_code} {answer.text.strip()[:300]}")
+    except httpx.HTTPError as exc:
+        raise PolicyError(f"cannot reach the vLLM server at {url}: {exc}") from None
+
+
 @contextmanager
 def on_vllm(policies: Policies, *, echo: bool = False) -> Iterator[Policies]:
-    """``policies`` with every ``local`` role answered by one vLLM server started for them.
-
-    The server holds the roles' base model and every adapter they use (one per folder
-    name); each local role becomes an ``openai`` role on it, named by its adapter or the
-    base, with its own temperature, budget, timeout and version; roles already on a server
-    stay as they are. The new policies record each turn's policy as the local ones would
-    (``Policies.record``: base model, adapter folder, version). The server stops when the
-    block ends, also on an error or Ctrl-C.
+    """``policies`` with every ``local`` role answered by one vLLM server started for them
+    (``VllmPool.serve``), stopped when the block ends, also on an error or Ctrl-C.
 
     Raises:
         PolicyError: if no role is local or the local roles use several base models.
         VllmError: if vLLM is missing or fails to start.
     """
-    roles = {*policies.specs, *policies.roster.persona_ids, "director", "user", "judge"}
-    specs = {role: policies.spec(role) for role in sorted(roles) if role in policies.specs or "default" in policies.specs}
-    served = ServedPolicies.from_specs(specs)
-    with VllmServer(served, echo=echo) as server:
-        remote = {role: spec if spec.kind != "local" else PolicySpec(
-            kind="openai", model=served.roles[role] or server.served_name, base_url=server.url, version=spec.version,
-            temperature=spec.temperature, max_tokens=spec.max_tokens, timeout=spec.timeout,
-            max_retries=spec.max_retries) for role, spec in specs.items()}
-        yield Policies(remote, policies.roster, seed=policies.seed, origin=policies)
+    with VllmPool(echo=echo) as pool:
+        yield pool.serve(policies)
 
 
 def _copy(source: IO[bytes] | None, sink: IO[bytes], echo: bool) -> None:

@@ -104,6 +104,7 @@ class LoadAdapter(BaseModel):
 
     lora_name: str = Field(min_length=1, max_length=128, pattern=r"^[A-Za-z0-9_.-]+$")
     lora_path: str = Field(min_length=1)
+    load_inplace: bool = False  # replace an adapter of the same name (its new version)
 
 
 class UnloadAdapter(BaseModel):
@@ -244,13 +245,15 @@ def create_app(
             return _error(404, "runtime adapter loading is disabled on this server", "NotFoundError")
         if body.lora_name == base_name:
             return _error(400, f"'{body.lora_name}' is the base model's name", "BadRequestError", param="lora_name")
-        if body.lora_name in backend.adapters:
+        if body.lora_name in backend.adapters and not body.load_inplace:
             return _already_loaded(body.lora_name)
         path = _confined(body.lora_path, root)
         if path is None:
             return _error(400, "lora_path must be a folder inside the adapters folder", "BadRequestError",
                           param="lora_path")
         try:
+            if body.lora_name in backend.adapters:  # load_inplace: the new version replaces the old one
+                await asyncio.to_thread(backend.unload_adapter, body.lora_name)
             await asyncio.to_thread(backend.load_adapter, body.lora_name, path, version=_version(path))
         except LocalModelError as exc:
             return _error(400, _hide_folder(str(exc), root), "BadRequestError", param="lora_path")
@@ -345,7 +348,8 @@ def _already_loaded(name: str) -> JSONResponse:
     """vLLM's refusal of a name already loaded (replacing it would switch the weights
     under requests already using it)."""
     return _error(400, f"The lora adapter '{name}' has already been loaded; unload it first "
-                       "(POST /v1/unload_lora_adapter) to load a new version under this name.",
+                       "(POST /v1/unload_lora_adapter) or send load_inplace: true to load a new version "
+                       "under this name.",
                   "BadRequestError", param="lora_name")
 
 
