@@ -6,9 +6,11 @@ import json
 from pathlib import Path
 from typing import Any
 
+import pytest
 from fakes import PromptChat, director_fake, speaker_fake
 from transformers import TrainerCallback
 
+from mascot.graphs.state import round_speakers
 from mascot.rosters import Roster
 from mascot.training.data.block_rollout import BlockRollout, decision_points
 from mascot.training.evaluation.metrics import LexicalEmbedder
@@ -67,9 +69,9 @@ def test_blocks_are_played_in_the_graph(roster: Roster, episodes: list) -> None:
     points = decision_points(episodes, roster)
     mid = next(p for p in points if p.round_turns > 0)
     rollout = rollout_for(roster, block_turns=2)
-    target = roster.persona_ids[2]
+    target = next(pid for pid in reversed(roster.persona_ids) if pid not in round_speakers(list(mid.messages)))
     directions = [json.dumps({"speaker": target, "action": "challenge", "tone": "calm"}),
-                  json.dumps({"speaker": roster.personas[2].name, "action": "challenge"}),
+                  json.dumps({"speaker": roster.persona(target).name, "action": "challenge"}),
                   "I think the next speaker should be someone",
                   json.dumps({"speaker": "nobody", "action": "x", "tone": "y"})]
     blocks = rollout.run([points[0], mid, mid, points[0]], directions)
@@ -126,12 +128,42 @@ def test_director_grpo_steps(tiny_model: Path, roster: Roster, episodes: list, t
                             config=config, callbacks=[logs])
     rollout.close()
     assert report.steps == 2 and len(report.rewards) == 2 and report.decision_points == 4
-    assert report.reward_terms[-1] == "direction_validity" and report.reward_weights[-1] == 1.0
+    assert report.reward_terms[3] == "direction_validity" and report.reward_weights[3] == 1.0
     assert len(scorer.calls) == 2 and all(len(blocks) == 4 for _, blocks in scorer.calls)
     card = json.loads((tmp_path / "director" / "adapter_card.json").read_text())
     assert (card["method"], card["data_size"], card["rewards"]) == ("grpo", 4, report.rewards)
     assert card["role"] == "director" and card["reward_terms"] == [
-        "group_reward_model", "redundancy_penalty", "speaker_balance", "direction_validity"]
+        "group_reward_model", "redundancy_penalty", "speaker_balance", "direction_validity", "round_fullness",
+        "action_copy"]
     # the tiny random model writes no JSON: every direction was replaced and penalised
     validity = [e["rewards/direction_validity/mean"] for e in logs.entries if "rewards/direction_validity/mean" in e]
-    assert validity == [-1.0, -1.0] and card["reward_weights"][-1] == 1.0
+    assert validity == [-1.0, -1.0] and card["reward_weights"][3] == 1.0
+
+
+def test_a_round_cut_short_or_a_copied_action_is_not_rewarded(roster: Roster, episodes: list) -> None:
+    """What the hacked Director learned: hand back after one voice (redundancy 0, the best
+    value) and fill the action with the prompt's words."""
+    points = decision_points(episodes, roster)
+    start = next(p for p in points if p.round_turns == 0)
+    rollout = rollout_for(roster, block_turns=3)
+    rewards = DirectorRewards(points, rollout, group_rm=None, embedder=LexicalEmbedder())
+    first = roster.persona_ids[0]
+    copied = f"The person said: {next(m['content'] for m in start.prompt if m['role'] == 'user')[:200]}"
+    completions = [[{"role": "assistant", "content": json.dumps(d)}] for d in (
+        {"speaker": first, "action": "ask what they want most from tonight", "tone": "warm"},
+        {"speaker": first, "action": copied, "tone": "warm"})]
+    ids = [start.context_id] * 2
+    blocks = rewards.blocks(completions, ids)
+    fullness = rewards.round_fullness([list(start.prompt)] * 2, completions, context_id=ids)
+    copy = rewards.action_copy([list(start.prompt)] * 2, completions, context_id=ids)
+    penalty = rewards.redundancy_penalty([list(start.prompt)] * 2, completions, context_id=ids)
+    rollout.close()
+    for block, full, pen in zip(blocks, fullness, penalty, strict=True):
+        voices = 0
+        for turn in block.turns:
+            if turn["role"] == "user":
+                break
+            voices += 1
+        assert full == pytest.approx(min(1.0, voices / 3) - 1.0)
+        assert (pen is None) == (voices < 2)  # a one-voice round is not scored for redundancy
+    assert copy == [0.0, -1.0]

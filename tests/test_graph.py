@@ -3,6 +3,7 @@ from __future__ import annotations
 import asyncio
 import json
 import sqlite3
+from collections import Counter
 from pathlib import Path
 from typing import Annotated, TypedDict
 from uuid import UUID
@@ -66,8 +67,12 @@ def test_one_round_turn_by_turn(roster) -> None:
     assert "The Director asks you to: probe 'again'" in catalyst_prompt[0].text
     assert catalyst_prompt[-1].text == "I failed my driving test again"  # it answers the person
     rows = openai_messages(state["messages"])
+    offered = rows[1]["stage_direction"].pop("offered")
     assert rows[1] == {"role": "assistant", "content": "That sounds really discouraging.", "name": "anchor",
                        "stage_direction": {"speaker": "anchor", "action": "validate", "tone": "warm"}}
+    assert sorted(offered) == sorted(roster.persona_ids)  # every voice, in the order the prompt listed them
+    listed = [line.split(":")[0].removeprefix("- ") for line in director_prompt.splitlines() if line.startswith("- ")]
+    assert listed == offered
 
 
 def test_turn_limit_and_recorded_fallbacks(roster) -> None:
@@ -115,8 +120,12 @@ def test_structured_output_path(roster) -> None:
     state = graph.invoke({"messages": [HumanMessage("hi")]})
     assert persona_turns(state) == [("beacon", "hope")]
     # the schema's speaker enum holds who may speak now: every persona before anyone spoke
-    # (no hand-back yet), then the others and the person once beacon has spoken
-    assert schemas == [list(roster.persona_ids), ["anchor", "catalyst", "action_guide", USER]]
+    # (no hand-back yet), then the others and the person once beacon has spoken; the voices
+    # in the order offered (shuffled), the hand-back last, as the direction records them
+    assert [sorted(enum) for enum in schemas] == [sorted(roster.persona_ids),
+                                                  sorted(["anchor", "catalyst", "action_guide", USER])]
+    assert schemas[1][-1] == USER
+    assert [direction["offered"] for direction in state["directions"]] == schemas
 
 
 def test_model_without_structured_output_is_prompted_for_json(roster, caplog) -> None:
@@ -424,3 +433,25 @@ def test_mermaid_snapshot(roster_id: str, kind: str) -> None:
     assert drawn == snapshot.read_text()
     for persona in roster.persona_ids if kind != "single" else ["assistant"]:
         assert f"director -.-> {persona};" in drawn
+
+
+def test_voices_are_offered_in_a_shuffled_order_that_a_conversation_keeps(roster) -> None:
+    """Position carries no information: over many conversations each voice is offered
+    first about equally often; the same conversation is always offered alike, and
+    ``offer_seed=None`` keeps roster order."""
+    from mascot.graphs.state import offered_speakers
+
+    firsts = Counter()
+    for i in range(400):
+        messages = [HumanMessage(f"message {i}")]
+        order = offered_speakers(roster, messages, round_turns=0, min_speakers_per_round=1)
+        assert sorted(order) == sorted(roster.persona_ids)
+        assert order == offered_speakers(roster, [HumanMessage(f"message {i}")], round_turns=0,
+                                         min_speakers_per_round=1)
+        firsts[order[0]] += 1
+    assert set(firsts) == set(roster.persona_ids) and min(firsts.values()) > 400 / len(roster.persona_ids) * 0.7
+    assert offered_speakers(roster, [HumanMessage("x")], round_turns=0, min_speakers_per_round=1,
+                            seed=None) == tuple(roster.persona_ids)
+    later = offered_speakers(roster, [HumanMessage("x"), AIMessage("y", name="anchor")], round_turns=1,
+                             min_speakers_per_round=1)
+    assert later[-1] == USER and "anchor" not in later

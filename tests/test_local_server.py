@@ -213,6 +213,8 @@ def test_vllm_command_for_a_policy_file(served: ServedPolicies) -> None:
     assert "--dtype" not in argv  # a GPU chooses its own precision
     argv, env = vllm_command(served, cpu=CpuSettings(dtype="bfloat16", kv_cache_gib=3, threads_bind="0-1"))
     assert argv[argv.index("--dtype") + 1] == "bfloat16" and argv[argv.index("--max-model-len") + 1] == "4096"
+    assert argv[argv.index("--max-num-batched-tokens") + 1] == "4096"  # no split prefill of a seeded request
+    assert "--no-enable-chunked-prefill" in argv
     assert env == {"VLLM_CPU_KVCACHE_SPACE": "3", "VLLM_CPU_OMP_THREADS_BIND": "0-1"}
     assert os.environ.get("MY_KEY") is None
 

@@ -167,3 +167,30 @@ def test_pairs_metric_weight_is_a_share(tmp_path: Path, capsys: pytest.CaptureFi
     with pytest.raises(SystemExit):
         main(["pairs", "--in", "x.jsonl", "--metric-weight", "1.5", "--out", str(tmp_path / "p")])
     assert "must be in [0, 1], got 1.5" in capsys.readouterr().err
+
+
+def test_a_refusal_a_copy_or_assistant_talk_scores_zero(roster: Roster) -> None:
+    """The metric judge gave a one-line refusal full substance; now every reply fault is 0."""
+    good, _ = _pair(roster, "anchor-driving-test/echoed_cue")
+    faults = [good.model_copy(update={"reply": text}) for text in (
+        "I'm sorry, but I can't assist with that.", "As an AI language model, I understand how you feel.",
+        "User: I failed again and I hate it.")]
+    assert metric_overalls(faults, roster, embedder=LEXICAL) == [0.0, 0.0, 0.0]
+    assert metric_overall(good, roster, LEXICAL) > 0
+
+
+def test_speaking_first_earns_no_novelty(roster: Roster) -> None:
+    """Novelty applies only where another voice answered: the first voice is scored on the
+    other four terms, so an answer gets the same score whether novelty could reward it or not."""
+    good, _ = _pair(roster, "anchor-driving-test/echoed_cue")
+    system = next(m.content for m in good.prompt if m.role == "system")
+    assert "The other voices have already answered it" not in system
+    scores = metric_judge._Reply(good, roster)
+    assert not scores.others
+    vectors = dict(zip(scores.texts, LEXICAL.encode(scores.texts), strict=True))
+    described = dict(zip(roster.persona_ids, LEXICAL.encode([metric_judge._describe(p) for p in roster.personas]),
+                         strict=True))
+    terms = {"format": (scores.format + 1) / 2, "substance": metric_judge._substance(good.reply),
+             "persona_fit": metric_judge._persona_fit(good.reply, vectors[good.reply], "anchor", described),
+             "relevance": max(0.0, metric_judge._cosine(vectors[good.reply], vectors[scores.person]))}
+    assert metric_overall(good, roster, LEXICAL) == pytest.approx(25.0 * sum(terms.values()))

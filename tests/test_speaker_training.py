@@ -141,11 +141,19 @@ def test_two_personas_two_adapters(tiny_model: Path, roster: Roster, episodes: l
         assert all(torch.equal(snap.before[n], snap.after[n]) for n in base)
 
     backend = LocalBackend.load(str(tiny_model), adapters={p: tmp_path / "adapters" / p for p in personas})
-    prompt = speaker_prompts(episodes, roster, personas[0])[0]["prompt"]
-    replies = backend.generate([prompt] * 3, adapters=[*personas, None], max_new_tokens=12, temperature=0)
-    texts = [r.text for r in replies]
-    assert len(set(texts)) == 3, texts
-    assert backend.generate([prompt], adapters=[personas[0]], max_new_tokens=12, temperature=0)[0].text == texts[0]
+    # each adapter writes differently from the base and from the other (sampled with the same
+    # seed, so only the weights differ; greedy text of a tiny random model is often all newlines)
+    prompts = [row["prompt"] for row in speaker_prompts(episodes, roster, personas[0])][:4]
+    outputs = []
+    for prompt in prompts:
+        replies = backend.generate([prompt] * 3, adapters=[*personas, None], max_new_tokens=12, temperature=1.0,
+                                   seed=0)
+        outputs.append([r.text for r in replies])
+    assert any(first != base for first, _, base in outputs), outputs
+    assert any(second != base for _, second, base in outputs), outputs
+    assert any(first != second for first, second, _ in outputs), outputs
+    again = backend.generate([prompts[0]], adapters=[personas[0]], max_new_tokens=12, temperature=1.0, seed=0)[0].text
+    assert again == outputs[0][0]  # one adapter alone answers as it did in the mixed batch
 
 
 def test_grpo_smoke_on_llama(tiny_llama: Path, roster: Roster, episodes: list, tmp_path: Path) -> None:
@@ -181,6 +189,23 @@ def test_format_reward_table(roster: Roster, reply: str, expected: float) -> Non
     assert format_reward(prompts, conversational) == [pytest.approx(expected)]
     assert format_reward(["I failed my exam."], [reply]) == [pytest.approx(expected)]
     assert roster_format_reward(roster, "anchor")(prompts, conversational) == [pytest.approx(expected)]
+
+
+def test_a_refusal_or_a_copy_gets_the_format_rewards_lowest_value(roster: Roster) -> None:
+    """What the hacked run learned: a short clean refusal scored 1.0; now -1.0, as does a
+    copy of the voice before it, boilerplate, and speaking as the person."""
+    prompts = [[{"role": "system", "content": "You are The Anchor."}, {"role": "user", "content": PERSON}]] * 5
+    earlier = "That sounds really painful, and it makes sense that you feel discouraged after trying so hard."
+    replies = ["I'm sorry, but I can't assist with that.", earlier, "As an AI language model, I understand.",
+               "User: I failed again.", "What would you tell a friend who failed twice?"]
+    rows = [[{"role": "assistant", "content": r}] for r in replies]
+    for reward in (format_reward, roster_format_reward(roster, "anchor"), roster_format_reward(roster, None)):
+        scores = reward(prompts, rows, round_turns=[[earlier]] * 5, persona=["anchor"] * 5)
+        assert scores == [-1.0, -1.0, -1.0, -1.0, 1.0], reward
+    assert format_reward(prompts[:1], rows[1:2]) == [1.0]  # without the round's turns, no copy is seen
+
+
+PERSON = "I failed my driving test again and I feel like an idiot"
 
 
 def test_format_reward_budget_and_roster_labels(roster: Roster) -> None:
@@ -262,7 +287,8 @@ def test_round_redundancy_penalises_echoing_the_round(roster: Roster, episodes: 
     rewards = round_redundancy_reward([row["prompt"]] * 2, [echo, fresh], round_turns=[row["round_turns"]] * 2)
     assert rewards[0] == pytest.approx(-1.0) and rewards[1] > -0.5
     first = next(r for r in dataset if not r["round_turns"])
-    assert round_redundancy_reward([first["prompt"]], [echo], round_turns=[[]]) == [0.0]
+    # the first voice has nobody to repeat: not scored, so speaking first or alone earns nothing
+    assert round_redundancy_reward([first["prompt"]], [echo], round_turns=[[]]) == [None]
 
 
 def test_dpo_on_pairs_moves_only_the_adapter(tiny_model: Path, roster: Roster, episodes: list,

@@ -34,6 +34,9 @@ class StageDirection(BaseModel):
         rationale: Why the Director chose this.
         fallback: Set by mascot, never by the model: why the model's direction was
             repaired or replaced; ``None`` when it was used as given.
+        offered: Set by mascot, never by the model: the speakers the Director was
+            offered, in the order its prompt and schema listed them (``None`` for a
+            direction that offered no choice, or one recorded before offers were kept).
     """
 
     model_config = ConfigDict(extra="forbid", frozen=True)
@@ -44,9 +47,10 @@ class StageDirection(BaseModel):
     addressee: str | None = None
     rationale: str | None = None
     fallback: SkipJsonSchema[str | None] = None
+    offered: SkipJsonSchema[list[str] | None] = None
 
 
-#: JSON schema of a stage direction (``fallback`` is not part of it).
+#: JSON schema of a stage direction (``fallback`` and ``offered`` are not part of it).
 DIRECTION_SCHEMA: dict[str, Any] = StageDirection.model_json_schema()
 #: Longest action and tone a model may write under structured output (characters):
 #: enough for one instruction, short enough that a weak model cannot ramble to its limit.

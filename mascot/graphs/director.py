@@ -17,7 +17,7 @@ from mascot.graphs.direction import StageDirection, direction_schema, interpret_
 from mascot.graphs.node import Node
 from mascot.graphs.prompts import director_messages
 from mascot.graphs.speaker import speaker_node
-from mascot.graphs.state import DirectorState, allowed_speakers, persona_speakers, round_speakers
+from mascot.graphs.state import DirectorState, offered_speakers, persona_speakers, round_speakers
 from mascot.graphs.user import USER_NODE, UserKind, user_node
 from mascot.rosters import USER, Roster
 
@@ -40,6 +40,7 @@ def create_director_graph(
     max_rounds: int = 5,
     structured_output: bool = False,
     retry_policy: RetryPolicy | None = None,
+    offer_seed: int | None = 0,
 ) -> StateGraph:
     """Build the directed multi-persona conversation graph (uncompiled).
 
@@ -65,6 +66,10 @@ def create_director_graph(
             structured output is prompted for JSON, with a warning.
         retry_policy: LangGraph retry policy of every node that calls a model (e.g.
             retry server faults with backoff); ``None`` fails on the first error.
+        offer_seed: Seed of the order in which each decision offers the voices, in the
+            prompt and the schema (``state.offered_speakers``: shuffled per decision,
+            the same for the same conversation); ``None`` offers them in roster order.
+            Every direction records what it was offered (``StageDirection.offered``).
 
     Returns:
         The ``StateGraph`` builder; compile it with the checkpointer of your choice.
@@ -76,11 +81,12 @@ def create_director_graph(
     _check_limits(max_speakers_per_round, min_speakers_per_round, max_rounds)
     structured = _structured_models(director) if structured_output else None
 
+    def offered(state: DirectorState) -> tuple[str, ...]:
+        return offered_speakers(roster, state.get("messages", []), round_turns=state.get("round_turns", 0),
+                                min_speakers_per_round=min_speakers_per_round, seed=offer_seed)
+
     def model_for(state: DirectorState) -> Runnable:
-        if structured is None:
-            return director
-        return structured(allowed_speakers(roster, state.get("messages", []), round_turns=state.get("round_turns", 0),
-                                           min_speakers_per_round=min_speakers_per_round))
+        return director if structured is None else structured(offered(state))
 
     def prompt(state: DirectorState) -> list[BaseMessage]:
         return director_messages(
@@ -89,20 +95,19 @@ def create_director_graph(
             round_turns=state.get("round_turns", 0),
             max_speakers_per_round=max_speakers_per_round,
             min_speakers_per_round=min_speakers_per_round,
+            offer_seed=offer_seed,
         )
 
     def decide(state: DirectorState, output: Any) -> Command:
-        return _route(
-            state,
-            interpret_direction(
-                _model_text(output),
-                roster,
-                recent_speakers=persona_speakers(state),
-                round_turns=state.get("round_turns", 0),
-                min_speakers_per_round=min_speakers_per_round,
-                heard_this_round=round_speakers(state.get("messages", [])),
-            ),
+        direction = interpret_direction(
+            _model_text(output),
+            roster,
+            recent_speakers=persona_speakers(state),
+            round_turns=state.get("round_turns", 0),
+            min_speakers_per_round=min_speakers_per_round,
+            heard_this_round=round_speakers(state.get("messages", [])),
         )
+        return _route(state, direction.model_copy(update={"offered": list(offered(state))}))
 
     def round_over(state: DirectorState) -> bool:
         """The turn returns to the person without asking: the round is full, or every

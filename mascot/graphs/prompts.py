@@ -12,7 +12,7 @@ from collections.abc import Sequence
 from langchain_core.messages import AIMessage, BaseMessage, HumanMessage, SystemMessage
 
 from mascot.graphs.direction import StageDirection
-from mascot.graphs.state import allowed_speakers, round_speakers
+from mascot.graphs.state import offered_speakers, round_speakers
 from mascot.rosters import USER, Persona, Roster, Scenario, UserProfile
 
 PERSON_LABEL = "Person"
@@ -49,19 +49,21 @@ def director_messages(
     round_turns: int,
     max_speakers_per_round: int,
     min_speakers_per_round: int,
+    offer_seed: int | None = 0,
 ) -> list[BaseMessage]:
     """The Director's prompt: roster, guidance, who may speak now, format, conversation.
 
     Only the voices that have not spoken since the person's last message are offered
-    (each persona speaks at most once per round), and the prompt shows no example
-    direction: small models copy an example's speaker and wording.
+    (each persona speaks at most once per round), in the shuffled order of
+    ``offered_speakers`` (``offer_seed``; ``None``: roster order), and the prompt shows no
+    example direction: small models copy an example's speaker and wording.
     """
     heard = round_speakers(messages)
-    allowed = allowed_speakers(roster, messages, round_turns=round_turns,
-                               min_speakers_per_round=min_speakers_per_round)
+    allowed = offered_speakers(roster, messages, round_turns=round_turns,
+                               min_speakers_per_round=min_speakers_per_round, seed=offer_seed)
     # ids, names and roles only: a weak model copies any description it is shown into the
     # action it writes
-    voices = "\n".join(f"- {p.id}: {p.name}, the {p.role}" for p in roster.personas if p.id in allowed)
+    voices = "\n".join(f"- {p.id}: {p.name}, the {p.role}" for p in (roster.persona(pid) for pid in allowed if pid != USER))
     spoke = ", ".join(roster.persona(pid).name for pid in heard if pid in roster.persona_ids)
     hand_back = f', or "{USER}" to hand the turn back to the person' if USER in allowed else ""
     system = (

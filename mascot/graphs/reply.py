@@ -160,6 +160,18 @@ def cut_quotes(text: str, sources: Iterable[str], *, min_words: int = QUOTE_WORD
     return text, cut
 
 
+#: Consecutive words a Director's action may share with its prompt, the person or an
+#: earlier reply before it counts as copied: a weak model fills the action with what it read.
+COPY_WORDS = 6
+
+
+def copies(text: str, sources: Iterable[str], *, min_words: int = COPY_WORDS) -> bool:
+    """Whether ``text`` repeats ``min_words`` or more consecutive words (case and
+    punctuation aside) of one of ``sources``."""
+    return any(_repeated_run(text, [w.lower() for w in _TOKEN.findall(source)], min_words) is not None
+               for source in sources)
+
+
 def word_count(text: str) -> int:
     """The words of ``text``, counted as ``cut_quotes`` counts them."""
     return len(_TOKEN.findall(text))

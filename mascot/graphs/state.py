@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import hashlib
 import operator
+import random
 from collections.abc import Sequence
 from typing import Annotated, Any, TypedDict
 
@@ -82,3 +84,30 @@ def allowed_speakers(
     heard = set(round_speakers(messages))
     choices = tuple(pid for pid in roster.persona_ids if pid not in heard)
     return choices + ((USER,) if round_turns >= min_speakers_per_round else ())
+
+
+def offered_speakers(
+    roster: Roster,
+    messages: Sequence[AnyMessage],
+    *,
+    round_turns: int,
+    min_speakers_per_round: int,
+    seed: int | None = 0,
+) -> tuple[str, ...]:
+    """``allowed_speakers`` in the order the Director is offered them, in its prompt and its
+    schema alike: the voices shuffled for each decision, the hand-back (``USER``) last.
+
+    A model that names the first voice it reads learns nothing about who fits; shuffled,
+    position carries no information. The order is drawn from ``seed`` and the conversation
+    so far, so the same conversation is always offered in the same order (a replayed or
+    resumed run decides alike, and training prompts match the graph's). ``seed=None``
+    keeps roster order.
+    """
+    allowed = allowed_speakers(roster, messages, round_turns=round_turns,
+                               min_speakers_per_round=min_speakers_per_round)
+    if seed is None:
+        return allowed
+    voices = [pid for pid in allowed if pid != USER]
+    history = "\x1f".join(f"{m.type}:{getattr(m, 'name', None) or ''}:{m.text}" for m in messages)
+    random.Random(hashlib.sha256(f"{seed}|{round_turns}|{history}".encode()).digest()).shuffle(voices)
+    return (*voices, *((USER,) if USER in allowed else ()))

@@ -203,7 +203,11 @@ def vllm_command(
                  "--max-loras", str(max_loras or 4)]
     env: dict[str, str] = {}
     if cpu is not None:
-        argv += ["--dtype", cpu.dtype, "--max-model-len", str(CPU_MAX_MODEL_LEN)]
+        # every prompt prefilled whole, in one step: vLLM CPU 0.32 kills its engine on a seeded
+        # request whose prefill is split over steps ("CPU Generator does not use offset"),
+        # and every call of ours is seeded (a judge's prompt alone passes 2048 tokens)
+        argv += ["--dtype", cpu.dtype, "--max-model-len", str(CPU_MAX_MODEL_LEN),
+                 "--max-num-batched-tokens", str(CPU_MAX_MODEL_LEN), "--no-enable-chunked-prefill"]
         env.update({"VLLM_CPU_KVCACHE_SPACE": str(cpu.kv_cache_gib), "VLLM_CPU_OMP_THREADS_BIND": cpu.threads_bind})
     argv += list(extra)
     if allow_runtime_lora:

@@ -50,15 +50,27 @@ def schema_key(schema: Mapping[str, Any]) -> str:
     """The canonical JSON of ``schema`` (no spaces), the key it is compiled and cached by.
 
     Keys keep their order: the order of ``properties`` is the order the model writes
-    them in (a Director should name the ``speaker`` before the ``action``).
+    them in (a Director should name the ``speaker`` before the ``action``). An ``enum`` of
+    strings is sorted: its order does not change what it accepts, and a Director offered
+    its voices in a shuffled order would otherwise compile one grammar per order.
 
     Raises:
         GrammarError: if the schema is not JSON-serialisable.
     """
     try:
-        return json.dumps(schema, separators=(",", ":"), ensure_ascii=False)
+        return json.dumps(_sorted_enums(schema), separators=(",", ":"), ensure_ascii=False)
     except (TypeError, ValueError) as exc:
         raise GrammarError(f"the JSON schema is not JSON: {exc}") from None
+
+
+def _sorted_enums(value: Any) -> Any:
+    """``value`` with every ``enum`` list of strings sorted (the rest as it is)."""
+    if isinstance(value, Mapping):
+        return {key: sorted(item) if key == "enum" and isinstance(item, list) and all(isinstance(v, str) for v in item)
+                else _sorted_enums(item) for key, item in value.items()}
+    if isinstance(value, list):
+        return [_sorted_enums(item) for item in value]
+    return value
 
 
 class GrammarCache:

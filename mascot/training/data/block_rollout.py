@@ -160,6 +160,7 @@ class BlockRollout:
         self.roster = roster
         self.block_turns = block_turns
         self._speakers, self._director, self._user = speakers, director, user
+        self.max_speakers_per_round = max_speakers_per_round
         self._limits = {"max_speakers_per_round": max_speakers_per_round,
                         "min_speakers_per_round": min_speakers_per_round}
         self._concurrency = concurrency

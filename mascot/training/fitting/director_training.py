@@ -10,7 +10,7 @@ exactly when the conversation it leads to scores above the other directions' at 
 
 The reward terms, each logged by TRL as ``rewards/<name>/mean`` and ``/std``, weighted by
 the recipe (``group_rm_weight``, ``redundancy_weight``, ``balance_weight``,
-``validity_weight``), each on a fixed, documented scale so a weight means the same thing
+``validity_weight``, ``fullness_weight``, ``copy_weight``), each on a fixed, documented scale so a weight means the same thing
 for every reward model:
 
 - ``group_reward_model``: the group RM's logit of the block after its prefix, standardised
@@ -21,9 +21,14 @@ for every reward model:
   group-relative advantage uses. A block with no turn (the conversation ended, or the
   graph failed to play it) scores ``EMPTY_BLOCK_REWARD`` (-2, the bottom of the scale)
   explicitly. The raw logits' mean is logged as ``group_rm_logit/mean``.
-- ``redundancy_penalty``: minus the mean, over the block's persona turns, of each turn's
-  highest similarity to an earlier persona turn of its round, in [-1, 0] (0 when no
-  persona spoke).
+- ``redundancy_penalty``: minus the mean, over the block's persona turns that follow
+  another voice of their round, of each one's highest similarity to an earlier persona turn
+  of the round, in [-1, 0]; not scored (``None``, left out by TRL) when no turn follows
+  another voice, so a one-voice block cannot earn the term's best value.
+- ``round_fullness``: the share of the round's possible turns the block played before
+  handing back, minus 1, in [-1, 0]: a round cut short is never rewarded over a fuller one.
+- ``action_copy``: -1 for an action that copies six or more consecutive words of the
+  Director's prompt (guidance, voices, the person, an earlier reply), else 0.
 - ``speaker_balance``: normalised entropy of who spoke, prefix and block together, in [0, 1].
 - ``direction_validity``: 0 for a valid direction, ``-0.5`` for one the graph had to repair
   (a display name for the id, a missing tone), ``-1`` for one it replaced (no JSON, an
@@ -42,8 +47,10 @@ from datasets import Dataset
 from transformers import TrainerCallback
 from trl import GRPOConfig
 
+from mascot.graphs.reply import copies
+from mascot.graphs.state import round_speakers
 from mascot.policies.thinking import chat_template_kwargs
-from mascot.rosters import Roster
+from mascot.rosters import USER, Roster
 from mascot.training.data.block_rollout import Block, BlockRollout, DecisionPoint
 from mascot.training.evaluation.metrics import (
     Embedder,
@@ -75,6 +82,9 @@ class DirectorTrainingConfig(LoraRecipe):
         redundancy_weight: Weight of ``redundancy_penalty``.
         balance_weight: Weight of ``speaker_balance``.
         validity_weight: Weight of ``direction_validity``.
+        fullness_weight: Weight of ``round_fullness`` (a round cut short is not rewarded
+            over a fuller one).
+        copy_weight: Weight of ``action_copy`` (an action copied from what the Director read).
         lora_r: LoRA rank.
         lora_alpha: LoRA scaling numerator.
         lora_dropout: LoRA dropout.
@@ -100,6 +110,8 @@ class DirectorTrainingConfig(LoraRecipe):
     redundancy_weight: float = 0.5
     balance_weight: float = 0.25
     validity_weight: float = 1.0
+    fullness_weight: float = 0.5
+    copy_weight: float = 0.5
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -183,6 +195,8 @@ class DirectorRewards:
             "redundancy_penalty": (self.redundancy_penalty, config.redundancy_weight),
             "speaker_balance": (self.speaker_balance, config.balance_weight),
             "direction_validity": (self.direction_validity, config.validity_weight),
+            "round_fullness": (self.round_fullness, config.fullness_weight),
+            "action_copy": (self.action_copy, config.copy_weight),
         }
 
     def blocks(self, completions: Sequence[Any], context_id: Sequence[str]) -> list[Block]:
@@ -208,7 +222,9 @@ class DirectorRewards:
 
     def redundancy_penalty(self, prompts: Sequence[Any], completions: Sequence[Any], *,
                            context_id: Sequence[str], **kwargs: Any) -> list[float | None]:
-        """Minus the block's mean similarity to earlier persona turns of the same round."""
+        """Minus the block's mean similarity of its persona turns to the earlier persona turns
+        of their round; ``None`` (not scored) when no turn of the block follows another
+        voice of its round: a block of one voice must not earn the term's best value."""
         embedder = self.embedder or default_embedder()
         rewards: list[float | None] = []
         for block in self.blocks(completions, context_id):
@@ -218,9 +234,45 @@ class DirectorRewards:
                 if turn["role"] == "user":
                     earlier = []
                 elif turn.get("name") in self.roster.persona_ids:
-                    values.append(redundancy([*earlier, turn["content"]], embedder=embedder)[-1])
+                    if earlier:
+                        values.append(redundancy([*earlier, turn["content"]], embedder=embedder)[-1])
                     earlier.append(turn["content"])
-            rewards.append(-sum(values) / len(values) if values else 0.0)
+            rewards.append(-sum(values) / len(values) if values else None)
+        return rewards
+
+    def round_fullness(self, prompts: Sequence[Any], completions: Sequence[Any], *,
+                       context_id: Sequence[str], **kwargs: Any) -> list[float | None]:
+        """How much of the round the block filled: persona turns it played before handing
+        back, over the turns it could have played (``block_turns``, the round's remaining
+        turns and the voices not yet heard, whichever is least), minus 1: 0 for a full
+        round, -1 for handing back at once. Handing back after one voice was what a policy
+        learned when one-voice rounds scored best."""
+        limit = self.rollout.max_speakers_per_round
+        rewards: list[float | None] = []
+        for block in self.blocks(completions, context_id):
+            heard = set(round_speakers(list(block.point.messages)))
+            possible = min(self.rollout.block_turns, limit - block.point.round_turns,
+                           len(set(self.roster.persona_ids) - heard))
+            played = 0
+            for turn in block.turns:
+                if turn["role"] == "user":
+                    break
+                played += turn.get("name") in self.roster.persona_ids
+            rewards.append(min(1.0, played / possible) - 1.0 if possible > 0 else None)
+        return rewards
+
+    def action_copy(self, prompts: Sequence[Any], completions: Sequence[Any], *,
+                    context_id: Sequence[str], **kwargs: Any) -> list[float | None]:
+        """-1 for a direction whose action copies ``reply.COPY_WORDS`` consecutive words of
+        the Director's prompt (its guidance, the voices' descriptions, the person, an
+        earlier reply), else 0; a direction handing back is not scored."""
+        rewards: list[float | None] = []
+        for block in self.blocks(completions, context_id):
+            if block.direction.speaker == USER:
+                rewards.append(None)
+                continue
+            sources = [m["content"] for m in block.point.prompt]
+            rewards.append(-1.0 if copies(block.direction.action, sources) else 0.0)
         return rewards
 
     def speaker_balance(self, prompts: Sequence[Any], completions: Sequence[Any], *,

@@ -14,6 +14,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 from mascot.graphs.reply import speaker_labels, user_labels
+from mascot.graphs.reply_faults import reply_fault
 from mascot.rosters import Roster
 
 RewardFunction = Callable[..., list[float | None]]
@@ -55,10 +56,12 @@ def completion_text(completion: Sample) -> str:
     return "\n".join(m["content"] for m in completion if m.get("role", "assistant") == "assistant")
 
 
-def _score(text: str, *, prefix: re.Pattern[str], others: re.Pattern[str], max_words: int) -> float:
-    """1.0 for a clean reply, minus each penalty that applies, floored at ``EMPTY_REWARD``."""
+def _score(text: str, *, prefix: re.Pattern[str], others: re.Pattern[str], max_words: int, person: str = "",
+           voices: Sequence[str] = ()) -> float:
+    """1.0 for a clean reply, minus each penalty that applies, floored at ``EMPTY_REWARD``;
+    ``EMPTY_REWARD`` for an empty reply or one with a ``reply_fault``."""
     text = text.strip()
-    if not text:
+    if not text or reply_fault(text, person=person, voices=voices):
         return EMPTY_REWARD
     reward = 1.0
     if prefix.match(text):
@@ -70,15 +73,35 @@ def _score(text: str, *, prefix: re.Pattern[str], others: re.Pattern[str], max_w
     return max(reward, EMPTY_REWARD)
 
 
+def _person(prompt: Sample) -> str:
+    """The person's message a speaker prompt ends with (its last user message), or ""."""
+    if isinstance(prompt, str):
+        return ""
+    return next((str(m.get("content", "")) for m in reversed(prompt) if m.get("role") == "user"), "")
+
+
+def _scores(prompts: Sequence[Sample], completions: Sequence[Sample], round_turns: Sequence[Sequence[str]] | None,
+            **pattern: Any) -> list[float | None]:
+    turns = round_turns if round_turns is not None else [()] * len(completions)
+    return [_score(completion_text(c), person=_person(p), voices=voices, **pattern)
+            for p, c, voices in zip(prompts, completions, turns, strict=True)]
+
+
 def _format_function(prefix: re.Pattern[str], others: re.Pattern[str], max_words: int) -> RewardFunction:
-    def format_reward(prompts: Sequence[Sample], completions: Sequence[Sample], **kwargs: Any) -> list[float | None]:
-        return [_score(completion_text(c), prefix=prefix, others=others, max_words=max_words) for c in completions]
+    def format_reward(prompts: Sequence[Sample], completions: Sequence[Sample], *,
+                      round_turns: Sequence[Sequence[str]] | None = None, **kwargs: Any) -> list[float | None]:
+        return _scores(prompts, completions, round_turns, prefix=prefix, others=others, max_words=max_words)
 
     return format_reward
 
 
 def format_reward(
-    prompts: Sequence[Sample], completions: Sequence[Sample], *, max_words: int = MAX_WORDS, **kwargs: Any
+    prompts: Sequence[Sample],
+    completions: Sequence[Sample],
+    *,
+    max_words: int = MAX_WORDS,
+    round_turns: Sequence[Sequence[str]] | None = None,
+    **kwargs: Any,
 ) -> list[float | None]:
     """TRL reward: is the completion one clean, in-voice turn of reasonable length?
 
@@ -91,16 +114,22 @@ def format_reward(
     - ``-1.0`` (``OTHERS_PENALTY``) when a later line starts with a label: the model
       writes lines for other speakers or for the person.
     - ``-0.5`` (``LENGTH_PENALTY``) over ``max_words`` words.
-    - An empty (or whitespace) reply gets ``-1.0`` (``EMPTY_REWARD``) and nothing else.
+    - An empty (or whitespace) reply gets ``-1.0`` (``EMPTY_REWARD``) and nothing else, and
+      so does a reply with a ``graphs.reply_faults.reply_fault``: a refusal, assistant
+      boilerplate, speaking as the person (read from the prompt's last user message), or a
+      copy of an earlier voice of the round (``round_turns``) or of the person. A refusal
+      is short, clean and unlike every other voice; without this it would score best.
 
     Without a roster a line starting with a word (plus up to two capitalised words) and a
     colon counts as labelled, ``"Note:"`` too; ``roster_format_reward`` looks for the
     roster's names and the person's labels only.
 
     Args:
-        prompts: Unused (the protocol passes them).
+        prompts: The speaker prompts (their last user message is the person's).
         completions: Conversational (assistant contents joined) or plain strings.
         max_words: Length budget.
+        round_turns: Per row, the earlier voices' turns of the round (``speaker_prompts``'
+            column); none given: no copy of a voice is looked for.
         **kwargs: Other columns TRL passes; ignored.
 
     Returns:
@@ -108,7 +137,7 @@ def format_reward(
     """
     prefix = re.compile(r"^\s*" + _ANY_LABEL)
     others = re.compile(r"\n[ \t]*" + _ANY_LABEL)
-    return [_score(completion_text(c), prefix=prefix, others=others, max_words=max_words) for c in completions]
+    return _scores(prompts, completions, round_turns, prefix=prefix, others=others, max_words=max_words)
 
 
 def roster_format_reward(roster: Roster, persona: str | None, *, max_words: int = MAX_WORDS) -> RewardFunction:
@@ -126,9 +155,10 @@ def roster_format_reward(roster: Roster, persona: str | None, *, max_words: int 
         each = {pid: roster_format_reward(roster, pid, max_words=max_words) for pid in roster.persona_ids}
 
         def per_row(prompts: Sequence[Sample], completions: Sequence[Sample], *, persona: Sequence[str],
-                    **kwargs: Any) -> list[float | None]:
-            return [each[p](prompts=[prompt], completions=[c])[0]
-                    for prompt, c, p in zip(prompts, completions, persona, strict=True)]
+                    round_turns: Sequence[Sequence[str]] | None = None, **kwargs: Any) -> list[float | None]:
+            turns = round_turns if round_turns is not None else [()] * len(completions)
+            return [each[p](prompts=[prompt], completions=[c], round_turns=[t])[0]
+                    for prompt, c, p, t in zip(prompts, completions, persona, turns, strict=True)]
 
         per_row.__name__ = per_row.__qualname__ = "format_reward"
         per_row.__doc__ = format_reward.__doc__

@@ -117,10 +117,12 @@ def round_redundancy_reward(prompts: Sequence[Any], completions: Sequence[Any], 
                             **kwargs: Any) -> list[float | None]:
     """TRL reward, the anti-sycophancy term: minus the reply's highest similarity to the
     other voices' turns earlier in its round (``round_turns``, a column of
-    ``speaker_prompts``); 0.0 for the round's first voice. Range [-1, 0] in practice."""
+    ``speaker_prompts``). Range [-1, 0] in practice. ``None`` (not scored: TRL leaves the
+    term out of that row) for the round's first voice, which has nobody to repeat: a
+    reply must not earn the term's best value by speaking first or alone."""
     embedder = default_embedder()
     texts = [completion_text(c) for c in completions]
-    return [redundancy([*earlier, text], embedder=embedder)[-1] * -1.0 if earlier else 0.0
+    return [redundancy([*earlier, text], embedder=embedder)[-1] * -1.0 if earlier else None
             for text, earlier in zip(texts, round_turns, strict=True)]
 
 

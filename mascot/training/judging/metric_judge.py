@@ -11,14 +11,19 @@ preference labels mix its overall score with this one instead of training on noi
 A **persona reply** (a candidate of ``mascot candidates``; its prompt is the speaker's
 prompt of ``graphs.prompts.speaker_messages``: the system message holds the persona, the
 other voices' answers of this round and ``The Director asks you to: ACTION. Tone: TONE.``;
-the user message is the person's latest) scores 0 when it is empty or says a cue back
-(``graphs.reply.echoes`` against the action and tone, or cue-like, below), else::
+the user message is the person's latest) scores 0 when it is empty, says a cue back
+(``graphs.reply.echoes`` against the action and tone, or cue-like, below), or has a
+``graphs.reply_faults.reply_fault`` (a refusal, assistant boilerplate, speaking as the
+person, a copy of an earlier voice or of the person), else::
 
     100 * (0.2 format + 0.2 substance + 0.2 novelty + 0.2 persona_fit + 0.2 relevance)
 
+with novelty only where another voice answered before it: the first voice of a round is
+scored on the other four terms (each 0.25), so a reply earns nothing for speaking first.
+
 - format: ``(roster_format_reward + 1) / 2`` (no speaker labels, no lines for others, length).
 - substance: ``min(1, words / 8)``; a reply needs about eight words to say anything.
-- novelty: ``1 - max(0, highest cosine to another voice's answer of this round)``; 1 if none.
+- novelty: ``1 - max(0, highest cosine to another voice's answer of this round)``.
 - persona_fit: the share of the roster's other personas whose description (the one persona
   identifiability uses) is less similar to the reply than its own persona's (ties count half);
   0 for a reply that speaks as an AI or assistant ("As an AI language model, ...").
@@ -33,7 +38,8 @@ A **group block** (persona ``group``; the reply is ``id: text`` paragraphs, as
 - novelty: ``1 -`` the mean over the turns after the first of ``max(0, highest cosine to an
   earlier turn of the block)`` (the block's ``metrics.redundancy``).
 - persona_fit, substance: the persona turns' mean of the reply terms above.
-- no_cues: the share of persona turns that are not cue-like.
+- no_cues: the share of persona turns that are neither cue-like nor have a ``reply_fault``
+  (against the block's earlier turns); such a turn also adds 0 to persona_fit and substance.
 
 A turn is **cue-like** when it holds a copied ``(Director ...)`` cue, narrates its own
 speaker in the third person (``The Catalyst gently questions ...``), or speaks of "the
@@ -47,6 +53,7 @@ import re
 from collections.abc import Sequence
 
 from mascot.graphs.reply import echoes, speaker_labels, strip_cues
+from mascot.graphs.reply_faults import reply_fault
 from mascot.rosters import USER, Persona, Roster
 from mascot.training.data.pairs import JudgedCandidate
 
@@ -100,7 +107,9 @@ def _persona_fit(text: str, vector: Vector, own: str, descriptions: dict[str, Ve
 
 
 def _weighted(terms: dict[str, float], weights: dict[str, float]) -> float:
-    return 100.0 * sum(weights[name] * terms[name] for name in weights)
+    """100 times the weighted mean of the terms given (weights renormalised over them)."""
+    total = sum(weights[name] for name in terms)
+    return 100.0 * sum(weights[name] * terms[name] for name in terms) / total
 
 
 class _Reply:
@@ -119,6 +128,7 @@ class _Reply:
         answered = system[system.index(_ANSWERED) + len(_ANSWERED): task.start()] if _ANSWERED in system else ""
         self.others = _split_turns(answered, [p.name for p in roster.personas])
         self.format = roster_format_reward(roster, self.persona.id)([""], [self.reply])[0]
+        self.fault = reply_fault(self.reply, person=self.person, voices=[text for _, text in self.others])
 
     @property
     def texts(self) -> list[str]:
@@ -128,16 +138,17 @@ class _Reply:
         own = speaker_labels(self.persona.id, self.persona.name)
         if not self.reply or echoes(self.reply, self.direction, names=own):
             return 0.0
-        if _cue_like(self.reply, self.persona):
+        if _cue_like(self.reply, self.persona) or self.fault:
             return 0.0
         vector = vectors[self.reply]
         terms = {
             "format": (self.format + 1.0) / 2.0,
             "substance": _substance(self.reply),
-            "novelty": 1.0 - max((max(0.0, _cosine(vector, vectors[t])) for _, t in self.others), default=0.0),
             "persona_fit": _persona_fit(self.reply, vector, self.persona.id, descriptions),
             "relevance": max(0.0, _cosine(vector, vectors[self.person])) if self.person else 0.0,
         }
+        if self.others:  # novelty only against someone: the first voice earns nothing for speaking first
+            terms["novelty"] = 1.0 - max(max(0.0, _cosine(vector, vectors[t])) for _, t in self.others)
         return _weighted(terms, REPLY_WEIGHTS)
 
 
@@ -159,13 +170,17 @@ class _Block:
         speakers = [speaker for speaker, _ in self.turns]
         embedded = [vectors[text] for text in self.texts]
         repeats = [max(_cosine(v, w) for w in embedded[:i]) for i, v in enumerate(embedded) if i]
+        bad = [_cue_like(t, self.roster.persona(s)) or reply_fault(t, voices=self.texts[:i]) is not None
+               for i, (s, t) in enumerate(self.turns)]
         terms = {
             "voices": len(set(speakers)) / len(speakers),
-            "novelty": 1.0 - (sum(max(0.0, r) for r in repeats) / len(repeats) if repeats else 0.0),
-            "persona_fit": _mean([_persona_fit(t, vectors[t], s, descriptions) for s, t in self.turns]),
-            "no_cues": _mean([0.0 if _cue_like(t, self.roster.persona(s)) else 1.0 for s, t in self.turns]),
-            "substance": _mean([_substance(t) for _, t in self.turns]),
+            "persona_fit": _mean([0.0 if b else _persona_fit(t, vectors[t], s, descriptions)
+                                  for (s, t), b in zip(self.turns, bad, strict=True)]),
+            "no_cues": _mean([0.0 if b else 1.0 for b in bad]),
+            "substance": _mean([0.0 if b else _substance(t) for (_, t), b in zip(self.turns, bad, strict=True)]),
         }
+        if repeats:  # novelty only where a turn follows another
+            terms["novelty"] = 1.0 - sum(max(0.0, r) for r in repeats) / len(repeats)
         return _weighted(terms, BLOCK_WEIGHTS)
 
 
