@@ -35,6 +35,7 @@ from mascot.policies import Policies
 from mascot.rosters import Roster, Scenario, UserProfile
 from mascot.training.episodes.episode import Episode, TurnPolicy, read_episodes
 from mascot.training.episodes.rollout import collect_episodes
+from mascot.training.evaluation.guards import guard_metrics
 from mascot.training.evaluation.metrics import Embedder, default_embedder, episode_metrics, round_redundancy
 from mascot.training.evaluation.report import SystemScores
 from mascot.training.jsonl import JsonlAppender, read_jsonl
@@ -179,10 +180,14 @@ def system_scores(name: str, kind: str, episodes: Sequence[Episode], judgements:
     embedder = embedder or default_embedder()
     measured = _with_assistant(roster)
     metrics: dict[str, dict[str, float]] = scores.tables.get("metrics", {})
+    guards: dict[str, dict[str, float]] = {}
     positions: dict[int, list[float]] = {}
     for episode in episodes:
-        for metric, value in episode_metrics(episode, measured, embedder).items():
-            metrics.setdefault(metric, {})[episode.id] = value
+        for table, measures in ((metrics, episode_metrics(episode, measured, embedder)),
+                                (guards, guard_metrics(episode, measured))):
+            for metric, value in measures.items():
+                if value is not None:  # nothing to measure in this episode (e.g. no round of two voices)
+                    table.setdefault(metric, {})[episode.id] = value
         position = 0
         persona_messages = [m for m in episode.messages if m.role in ("user", "assistant")]
         values = iter(round_redundancy(episode, embedder=embedder))
@@ -195,6 +200,7 @@ def system_scores(name: str, kind: str, episodes: Sequence[Episode], judgements:
             if position > 1:
                 positions.setdefault(position, []).append(value)
     scores.tables["metrics"] = metrics
+    scores.tables["guards"] = guards
     scores.redundancy_by_position = {k: sum(v) / len(v) for k, v in positions.items()}
     return scores
 

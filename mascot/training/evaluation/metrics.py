@@ -301,7 +301,7 @@ def _describe(persona: Persona) -> str:
     return " ".join([f"{persona.name}, {persona.role}.", persona.persona, persona.style, *persona.goals])
 
 
-def episode_metrics(episode: Episode, roster: Roster, embedder: Embedder | None = None) -> dict[str, float]:
+def episode_metrics(episode: Episode, roster: Roster, embedder: Embedder | None = None) -> dict[str, float | None]:
     """All automatic metrics of one episode, over its persona turns.
 
     Args:
@@ -310,8 +310,9 @@ def episode_metrics(episode: Episode, roster: Roster, embedder: Embedder | None 
         embedder: Defaults to :func:`default_embedder`.
 
     Returns:
-        ``redundancy`` (mean over the turns that have an earlier turn in their round; 0.0
-        if none has), ``distinct_1``, ``distinct_2``, ``speaker_balance`` and
+        ``redundancy`` (mean over the turns that have an earlier turn in their round, so
+        over rounds of two or more voices; ``None`` when no round has two: a one-voice
+        round has nothing to be redundant with and must not count as 0), ``distinct_1``, ``distinct_2``, ``speaker_balance`` and
         ``persona_identifiability`` (top-1 accuracy).
 
     Raises:
@@ -327,7 +328,7 @@ def episode_metrics(episode: Episode, roster: Roster, embedder: Embedder | None 
     scores = _round_redundancy([r for r, _, _ in turns], vectors[: len(texts)])
     repeats = len(scores) - len({r for r, _, _ in turns})  # each round's first turn scores 0.0
     return {
-        "redundancy": sum(scores) / repeats if repeats else 0.0,
+        "redundancy": sum(scores) / repeats if repeats else None,
         "distinct_1": distinct_n(texts, 1),
         "distinct_2": distinct_n(texts, 2),
         "speaker_balance": balance,

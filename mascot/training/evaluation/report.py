@@ -31,12 +31,18 @@ TABLES: dict[str, dict[str, str]] = {
     "metrics": {"redundancy": "Redundancy (lower is better)", "distinct_2": "Distinct-2",
                 "speaker_balance": "Speaker balance", "persona_identifiability": "Identifiability",
                 "direction_compliance": "Direction compliance (judge, 0-100)"},
+    # what a gain made by refusing, saying less or copying would show (evaluation.guards)
+    "guards": {"voices_per_round": "Voices per round", "multi_voice_rounds": "Rounds of 2+ voices, %",
+               "reply_words": "Words per reply", "refusal_rate": "Refusals, %", "echo_rate": "Copies, %",
+               "as_person_rate": "As the person, %", "copied_actions": "Copied actions, %",
+               "first_offered": "First offered, %", "offered_voices": "Voices offered"},
 }
 #: Columns where lower is better.
-LOWER_IS_BETTER = {"redundancy"}
+LOWER_IS_BETTER = {"redundancy", "refusal_rate", "echo_rate", "as_person_rate", "copied_actions", "first_offered"}
 #: Table titles.
 TITLES = {"persona": "Persona level (judge, 0-100)", "group": "Group level (judge, 0-100)",
-          "metrics": "Automatic metrics"}
+          "metrics": "Automatic metrics (redundancy over rounds of two or more voices)",
+          "guards": "Guard metrics (per episode, then averaged)"}
 #: One marker and one dash pattern per system in line plots (cycled), so that ties stay visible.
 _MARKERS = ("o", "s", "^", "D", "v", "P", "X", "*")
 _DASHES = ("-", "--", "-.", ":")
@@ -230,4 +236,4 @@ def _mean(values: Any) -> float:
 
 
 def _digits(table: str) -> int:
-    return 3 if table == "metrics" else 1
+    return 3 if table == "metrics" else 1  # guards: percentages and counts, one decimal
