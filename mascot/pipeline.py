@@ -159,7 +159,8 @@ def stages(recipe: PipelineRecipe, base: Path) -> list[tuple[str, list[str]]]:
                     "--seed", str(recipe.seed), "--out", str(out / "blocks.jsonl")]),
         ("judge-blocks", ["judge", "--in", str(out / "blocks.jsonl"), "--rubric", "group", *roster, *judge,
                           "--out", str(out / "judged-blocks.jsonl")]),
-        # the judge on the roster's fixed sanity sets: under 70 % the labels mix in the metric judges
+        # the judge on the roster's fixed sanity sets: a judge under 75 % (or with p >= 0.01 against
+        # chance) leaves the labels of that rubric to the metric judge alone
         ("judge-sanity-persona", ["judge", "--sanity", "--rubric", "persona", *roster, *judge,
                                   "--out", str(out / "sanity-persona.json")]),
         ("judge-sanity-group", ["judge", "--sanity", "--rubric", "group", *roster, *judge,

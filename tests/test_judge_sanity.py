@@ -228,3 +228,15 @@ def test_two_sanity_pairs_on_the_real_model(offline_model: Path, roster: Roster)
         for side in (pair.better, pair.worse):
             assert set(side.scores) == set(judge.rubric.criterion_ids) and 0 <= side.overall <= 100
     assert SanityReport.model_validate_json(report.model_dump_json()) == report
+
+
+def test_a_judge_is_trusted_only_beyond_chance() -> None:
+    """8 of 12 (the old sets' size) cannot tell a judge from a coin; the rule needs 75 % and p < 0.01."""
+    from mascot.training.judging.judge_sanity import binomial_p, trusted
+
+    assert binomial_p(8, 12) == pytest.approx(0.1938, abs=1e-4) and not trusted(8, 12)
+    assert binomial_p(12, 12) == pytest.approx(1 / 4096) and trusted(12, 12)
+    assert binomial_p(0, 5) == 1.0 and binomial_p(5, 5) == pytest.approx(1 / 32)
+    assert binomial_p(24, 32) == pytest.approx(0.0035, abs=1e-4) and trusted(24, 32)  # 75 % of 32
+    assert not trusted(23, 32)  # 72 %: under the accuracy bar
+    assert not trusted(9, 10)  # 90 % of 10: p = 0.011, a coin could

@@ -107,11 +107,12 @@ def _chosen(folder: Path) -> list[str]:
     return [json.loads(line)["chosen"][0]["content"][:20] for line in (folder / "train.jsonl").read_text().splitlines()]
 
 
-def _report(path: Path, accuracy: float, judge: str = "weak-judge") -> Path:
+def _report(path: Path, right: int, total: int = 10, judge: str = "weak-judge") -> Path:
+    """A sanity report as written before p-values were recorded: the rule is applied to its pairs."""
     path.write_text(json.dumps({
         "judge": judge, "rubric": "persona", "rubric_version": 1, "roster": "emotional_support", "target": "reply",
-        "sanity_set": "shipped", "right": round(accuracy * 10), "total": 10, "accuracy": accuracy, "threshold": 0.7,
-        "passed": accuracy >= 0.7, "by_kind": {}, "judgements": 0, "failed_judgements": 0, "seconds": 1.0,
+        "sanity_set": "shipped", "right": right, "total": total, "accuracy": right / total, "threshold": 0.7,
+        "passed": right / total >= 0.7, "by_kind": {}, "judgements": 0, "failed_judgements": 0, "seconds": 1.0,
         "pairs": []}))
     return path
 
@@ -133,19 +134,23 @@ def test_pairs_metric_weight_changes_the_chosen_reply(roster: Roster, tmp_path: 
     assert pair["provenance"]["rejected"]["judge_overall"] == 75.0 and pair["rejected_overall"] == 37.5
 
 
-@pytest.mark.parametrize(("accuracy", "chosen", "why"), [
-    (0.4, "Three times, after a", "judge sanity accuracy 40% under 70%"),
-    (0.8, "Acknowledge the sham", "judge sanity accuracy 80% at least 70%"),
+@pytest.mark.parametrize(("right", "total", "chosen", "why"), [
+    (4, 10, "Three times, after a", "judge sanity 4/10 (40%, p = 0.83)"),
+    # 80 % of 10 is no evidence (p = 0.055): the metric judge labels alone
+    (8, 10, "Three times, after a", "judge sanity 8/10 (80%, p = 0.055)"),
+    (27, 32, "Acknowledge the sham", "judge sanity 27/32 (84%, p = 5.7e-05)"),
 ])
-def test_pairs_takes_the_weight_from_a_sanity_report(roster: Roster, tmp_path: Path, accuracy: float, chosen: str,
-                                                     why: str, monkeypatch: pytest.MonkeyPatch,
+def test_pairs_takes_the_weight_from_a_sanity_report(roster: Roster, tmp_path: Path, right: int, total: int,
+                                                     chosen: str, why: str, monkeypatch: pytest.MonkeyPatch,
                                                      capsys: pytest.CaptureFixture[str]) -> None:
     monkeypatch.setattr(metric_judge, "default_embedder", lambda: LEXICAL)
     judged = _judged_file(roster, tmp_path / "judged.jsonl")
-    report = _report(tmp_path / "sanity.json", accuracy)
+    report = _report(tmp_path / "sanity.json", right, total)
     assert main(["pairs", "--in", str(judged), "--sanity", str(report), "--roster", "emotional_support",
                  "--test-fraction", "0", "--out", str(tmp_path / "pairs")]) == 0
-    assert why in capsys.readouterr().out and _chosen(tmp_path / "pairs") == [chosen]
+    printed = capsys.readouterr().out
+    assert why in printed and _chosen(tmp_path / "pairs") == [chosen], printed
+    assert ("not trusted" in printed) == (chosen != "Acknowledge the sham")
 
 
 @pytest.mark.parametrize(("extra", "message"), [
@@ -156,8 +161,8 @@ def test_pairs_takes_the_weight_from_a_sanity_report(roster: Roster, tmp_path: P
 def test_pairs_usage_errors(roster: Roster, tmp_path: Path, extra: list[str], message: str,
                             capsys: pytest.CaptureFixture[str]) -> None:
     judged = _judged_file(roster, tmp_path / "judged.jsonl")
-    paths = {"REPORT": str(_report(tmp_path / "r.json", 0.3)),
-             "OTHER": str(_report(tmp_path / "o.json", 0.3, judge="strong-judge"))}
+    paths = {"REPORT": str(_report(tmp_path / "r.json", 3)),
+             "OTHER": str(_report(tmp_path / "o.json", 3, judge="strong-judge"))}
     code = main(["pairs", "--in", str(judged), *[paths.get(a, a) for a in extra], "--out", str(tmp_path / "p")])
     err = capsys.readouterr().err
     assert code == 2 and message in err, err

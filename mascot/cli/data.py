@@ -65,7 +65,8 @@ def add_commands(commands: argparse._SubParsersAction) -> None:
                        help="label = (1-W) x judge + W x metric judge overall (default 0: judge only)")
     pairs.add_argument("--sanity", metavar="REPORT.json",
                        help="the judge's sanity report (mascot judge --sanity --out): without --metric-weight, "
-                            "W = 0.5 when its accuracy is under 70%%, else 0")
+                            "W = 1 (the metric judge alone) unless the judge is trusted (at least 75%% "
+                            "right with p < 0.01 against chance), else 0")
     pairs.add_argument("--roster", metavar="ID_OR_PATH", help="the candidates' roster (needed when W > 0)")
     pairs.add_argument("--test-fraction", type=float, default=0.1, metavar="F")
     pairs.add_argument("--seed", type=int, default=0)
@@ -206,12 +207,16 @@ def _pairs(args: argparse.Namespace) -> int:
 
 def _label_weight(args: argparse.Namespace, judged: list[Any]) -> tuple[float, str]:
     """The metric judge's weight in the labels, and why: ``--metric-weight``, else the rule
-    of ``--sanity`` (0.5 under 70 % sanity accuracy, else 0), else 0."""
+    of ``--sanity`` (1, the metric judge alone, unless the judge is trusted: at least 75 %
+    with p < 0.01; then 0), else 0."""
     from mascot.training.judging.judge_sanity import (
+        SANITY_P_VALUE,
         SANITY_THRESHOLD,
         SanityError,
+        binomial_p,
         read_sanity_report,
         sanity_metric_weight,
+        trusted,
     )
 
     if args.metric_weight is not None:
@@ -227,6 +232,8 @@ def _label_weight(args: argparse.Namespace, judged: list[Any]) -> tuple[float, s
     if other:
         raise UsageError(f"--sanity: the report is of judge {report.judge} with rubric {report.rubric}; the "
                          f"candidates were judged by {', '.join(other)} (pass --metric-weight to choose yourself)")
-    relation = "under" if report.accuracy < SANITY_THRESHOLD else "at least"
-    return sanity_metric_weight(report), (f"judge sanity accuracy {report.accuracy:.0%} {relation} "
-                                          f"{SANITY_THRESHOLD:.0%} in {args.sanity}")
+    chance = binomial_p(report.right, report.total)
+    return sanity_metric_weight(report), (f"judge sanity {report.right}/{report.total} "
+                                          f"({report.accuracy:.0%}, p = {chance:.2g}) in {args.sanity}: "
+                                          f"{'trusted' if trusted(report.right, report.total) else 'not trusted'}, "
+                                          f"the rule is {SANITY_THRESHOLD:.0%} with p < {SANITY_P_VALUE}")

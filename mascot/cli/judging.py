@@ -184,7 +184,7 @@ def _judge_sanity(args: argparse.Namespace) -> int:
     if report_file:
         report_file.write_text(redact(json.dumps(report.model_dump(mode="json"), indent=2)) + "\n", encoding="utf-8")
     metric = report.metric_judge
-    verdict = "passed" if report.passed else f"under {report.threshold:.0%}: label with `mascot pairs --sanity REPORT`"
+    verdict = report.verdict() + ("" if report.passed else " (`mascot pairs --sanity REPORT`)")
     out.print(f"judge sanity: {rubric.id} rubric, {report.summary()}; judge {model_name}, "
               f"{report.judgements} judgements ({report.failed_judgements} failed) in {report.seconds:.1f} s "
               f"({report.seconds / report.judgements:.1f} s each); "

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from langchain_core.language_models import BaseChatModel
@@ -17,7 +17,7 @@ from mascot.graphs.direction import StageDirection, direction_schema, interpret_
 from mascot.graphs.node import Node
 from mascot.graphs.prompts import director_messages
 from mascot.graphs.speaker import speaker_node
-from mascot.graphs.state import DirectorState, offered_speakers, persona_speakers, round_speakers
+from mascot.graphs.state import DirectorState, offered_speakers, round_speakers
 from mascot.graphs.user import USER_NODE, UserKind, user_node
 from mascot.rosters import USER, Roster
 
@@ -79,35 +79,9 @@ def create_director_graph(
             the roster's persona ids.
     """
     _check_limits(max_speakers_per_round, min_speakers_per_round, max_rounds)
-    structured = _structured_models(director) if structured_output else None
-
-    def offered(state: DirectorState) -> tuple[str, ...]:
-        return offered_speakers(roster, state.get("messages", []), round_turns=state.get("round_turns", 0),
-                                min_speakers_per_round=min_speakers_per_round, seed=offer_seed)
-
-    def model_for(state: DirectorState) -> Runnable:
-        return director if structured is None else structured(offered(state))
-
-    def prompt(state: DirectorState) -> list[BaseMessage]:
-        return director_messages(
-            roster,
-            state.get("messages", []),
-            round_turns=state.get("round_turns", 0),
-            max_speakers_per_round=max_speakers_per_round,
-            min_speakers_per_round=min_speakers_per_round,
-            offer_seed=offer_seed,
-        )
-
-    def decide(state: DirectorState, output: Any) -> Command:
-        direction = interpret_direction(
-            _model_text(output),
-            roster,
-            recent_speakers=persona_speakers(state),
-            round_turns=state.get("round_turns", 0),
-            min_speakers_per_round=min_speakers_per_round,
-            heard_this_round=round_speakers(state.get("messages", [])),
-        )
-        return _route(state, direction.model_copy(update={"offered": list(offered(state))}))
+    decider = Decider(roster, director, structured_output=structured_output,
+                      max_speakers_per_round=max_speakers_per_round, min_speakers_per_round=min_speakers_per_round,
+                      offer_seed=offer_seed)
 
     def round_over(state: DirectorState) -> bool:
         """The turn returns to the person without asking: the round is full, or every
@@ -119,25 +93,85 @@ def create_director_graph(
     def direct(state: DirectorState) -> Command:
         if round_over(state):
             return _route(state, _hand_back())
-        try:
-            output = model_for(state).invoke(prompt(state))
-        except LengthFinishReasonError as exc:  # structured output cut at max_tokens
-            output = _cut_reply(exc)
-        return decide(state, output)
+        return _route(state, decider.decide(state.get("messages", []), round_turns=state.get("round_turns", 0)))
 
     async def adirect(state: DirectorState) -> Command:
         if round_over(state):
             return _route(state, _hand_back())
-        try:
-            output = await model_for(state).ainvoke(prompt(state))
-        except LengthFinishReasonError as exc:
-            output = _cut_reply(exc)
-        return decide(state, output)
+        direction = await decider.adecide(state.get("messages", []), round_turns=state.get("round_turns", 0))
+        return _route(state, direction)
 
     node = Node(DIRECTOR_NODE, direct, adirect)
     return assemble_graph(
         roster, node, speakers=speakers, user=user, max_rounds=max_rounds, retry_policy=retry_policy
     )
+
+
+class Decider:
+    """One decision of a model Director, as the director graph's node makes it: the voices
+    offered in their shuffled order, the prompt, the (structured) model call, the reply
+    interpreted into a valid direction (repaired or replaced, never raising) that records
+    what was offered. The graph's node and the routing evaluation use it alike."""
+
+    def __init__(
+        self,
+        roster: Roster,
+        director: BaseChatModel,
+        *,
+        structured_output: bool = False,
+        max_speakers_per_round: int = 3,
+        min_speakers_per_round: int = 1,
+        offer_seed: int | None = 0,
+    ) -> None:
+        """Args: as ``create_director_graph``'s of the same names."""
+        self.roster = roster
+        self.director = director
+        self.max_speakers_per_round = max_speakers_per_round
+        self.min_speakers_per_round = min_speakers_per_round
+        self.offer_seed = offer_seed
+        self._structured = _structured_models(director) if structured_output else None
+
+    def offered(self, messages: Sequence[BaseMessage], *, round_turns: int) -> tuple[str, ...]:
+        """The speakers offered now, in the order the prompt and schema list them."""
+        return offered_speakers(self.roster, messages, round_turns=round_turns,
+                                min_speakers_per_round=self.min_speakers_per_round, seed=self.offer_seed)
+
+    def _call(self, messages: Sequence[BaseMessage], round_turns: int) -> tuple[Runnable, list[BaseMessage]]:
+        offered = self.offered(messages, round_turns=round_turns)
+        model = self.director if self._structured is None else self._structured(offered)
+        prompt = director_messages(self.roster, messages, round_turns=round_turns,
+                                   max_speakers_per_round=self.max_speakers_per_round,
+                                   min_speakers_per_round=self.min_speakers_per_round, offer_seed=self.offer_seed)
+        return model, prompt
+
+    def _interpret(self, output: Any, messages: Sequence[BaseMessage], round_turns: int) -> StageDirection:
+        direction = interpret_direction(
+            _model_text(output),
+            self.roster,
+            recent_speakers=[m.name for m in messages if isinstance(m, AIMessage) and m.name],
+            round_turns=round_turns,
+            min_speakers_per_round=self.min_speakers_per_round,
+            heard_this_round=round_speakers(messages),
+        )
+        return direction.model_copy(update={"offered": list(self.offered(messages, round_turns=round_turns))})
+
+    def decide(self, messages: Sequence[BaseMessage], *, round_turns: int) -> StageDirection:
+        """The Director's direction after ``messages`` (``round_turns`` persona turns into the round)."""
+        model, prompt = self._call(messages, round_turns)
+        try:
+            output = model.invoke(prompt)
+        except LengthFinishReasonError as exc:  # structured output cut at max_tokens
+            output = _cut_reply(exc)
+        return self._interpret(output, messages, round_turns)
+
+    async def adecide(self, messages: Sequence[BaseMessage], *, round_turns: int) -> StageDirection:
+        """``decide``, asynchronously."""
+        model, prompt = self._call(messages, round_turns)
+        try:
+            output = await model.ainvoke(prompt)
+        except LengthFinishReasonError as exc:
+            output = _cut_reply(exc)
+        return self._interpret(output, messages, round_turns)
 
 
 def rule_director(

@@ -20,6 +20,7 @@ Episodes go to ``OUT/episodes/<system>.jsonl`` and judgements to
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -38,6 +39,7 @@ from mascot.training.episodes.rollout import collect_episodes
 from mascot.training.evaluation.guards import guard_metrics
 from mascot.training.evaluation.metrics import Embedder, default_embedder, episode_metrics, round_redundancy
 from mascot.training.evaluation.report import SystemScores
+from mascot.training.evaluation.routing import RoutingError, load_routing_set, routing_results
 from mascot.training.jsonl import JsonlAppender, read_jsonl
 from mascot.training.judging.judge import Judge
 from mascot.training.judging.rubric import Rubric
@@ -251,9 +253,40 @@ def evaluate(
             results.append((name, kind, episodes, judgements))
         return results
 
+    async def route_all() -> dict[str, dict[str, dict[str, object]]]:
+        try:
+            points = load_routing_set(roster)
+        except RoutingError as exc:
+            on_stage(f"routing accuracy not measured: {exc}")
+            return {}
+        routed = {}
+        for name in systems:
+            if name in MODEL_DIRECTORS:
+                on_stage(f"{name}: routing {len(points)} decision points")
+                director = (trained if MODEL_DIRECTORS[name] else trained.without_adapters()).chat_model("director")
+                routed[name] = await routing_results(director, roster, points, concurrency=plan.concurrency)
+        return routed
+
+    async def everything() -> tuple[list, dict]:
+        return await run_all(), await route_all()
+
     embedder = default_embedder()
-    return [system_scores(name, kind, episodes, judgements, roster=roster, rubrics=rubrics, embedder=embedder)
-            for name, kind, episodes, judgements in asyncio.run(run_all())]
+    results, routed = asyncio.run(everything())
+    scores = [system_scores(name, kind, episodes, judgements, roster=roster, rubrics=rubrics, embedder=embedder)
+              for name, kind, episodes, judgements in results]
+    for score in scores:
+        if score.name in routed:
+            (out / "routing").mkdir(parents=True, exist_ok=True)
+            (out / "routing" / f"{score.name}.json").write_text(json.dumps(routed[score.name], indent=2) + "\n",
+                                                                 encoding="utf-8")
+            guards = score.tables.setdefault("guards", {})
+            guards["routing_accuracy"] = {pid: 100.0 * bool(r["right"]) for pid, r in routed[score.name].items()}
+            guards["routing_misfits"] = {pid: 100.0 * bool(r["misfit"]) for pid, r in routed[score.name].items()}
+    return scores
+
+
+#: The systems whose Director is a model, and whether it is the trained one (else the bare base).
+MODEL_DIRECTORS = {"trained": True, "no_alignment": True, "untrained_director": False}
 
 
 def _with_assistant(roster: Roster) -> Roster:

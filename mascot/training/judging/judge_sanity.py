@@ -12,14 +12,18 @@ prompt, or the block's prefix and ``id: text`` paragraphs).
 
 ``run_sanity`` judges every distinct target once; accuracy is the share of pairs in which
 the better side's overall score is higher. A tie or a failed judgement of either side counts
-as wrong, so a judge that scores everything alike scores 0. A judge under
-``SANITY_THRESHOLD`` (70 %) is not trusted alone: ``mascot pairs --sanity REPORT`` then mixes
-the metric judge into the labels (``sanity_metric_weight``, ``metric_judge``).
+as wrong, so a judge that scores everything alike scores 0. Each report carries the one-sided
+binomial p-value of its score against a coin (``binomial_p``: 8 of 12 right has p = 0.19, no
+evidence at all). A judge is trusted with a rubric's labels only at ``SANITY_THRESHOLD``
+(75 %) or more with p below ``SANITY_P_VALUE`` (0.01); otherwise ``mascot pairs --sanity
+REPORT`` labels with the metric judge alone (``sanity_metric_weight``, ``metric_judge``) and
+says so.
 """
 
 from __future__ import annotations
 
 import asyncio
+import math
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -41,13 +45,18 @@ from mascot.training.judging.judgement import Judgement
 from mascot.training.judging.metric_judge import GROUP, SANITY_FALLBACK_WEIGHT, metric_overalls
 from mascot.training.judging.targets import BlockTarget, Target, conversation_turns, render_block, reply_target
 
-#: Least share of sanity pairs a judge must get right to be trusted alone.
-SANITY_THRESHOLD = 0.7
+#: Least share of sanity pairs a judge must get right to be trusted with a rubric's labels.
+SANITY_THRESHOLD = 0.75
+#: Largest p-value (one-sided binomial against chance) of a trusted judge's score.
+SANITY_P_VALUE = 0.01
 #: The contrasts of a sanity set, per kind of target the rubric judges.
 KINDS: dict[str, tuple[str, ...]] = {
-    "reply": ("echoed_cue", "one_word", "other_persona", "off_persona"),
-    "block": ("one_voice", "same_thing", "echoed_cue"),
+    "reply": ("echoed_cue", "one_word", "other_persona", "off_persona", "refusal", "as_person", "copies_voice",
+              "off_topic"),
+    "block": ("one_voice", "same_thing", "echoed_cue", "refusal", "off_topic"),
 }
+#: Contrasts that need a voice in the item's conversation (the one copied).
+NEEDS_A_VOICE = frozenset({"copies_voice"})
 #: The speaker key of the person's turns in a sanity file.
 PERSON = "person"
 _DATA = "sanity"
@@ -161,7 +170,10 @@ class SanityReport(BaseModel):
         rubric, rubric_version: The rubric judged with (``metric``, ``None``: the metric judge).
         roster, target, sanity_set: Which sanity set (``target``: ``reply`` or ``block``).
         right, total, accuracy: Pairs right, pairs, their ratio.
-        threshold, passed: ``SANITY_THRESHOLD`` and ``accuracy >= threshold``.
+        p_value: ``binomial_p(right, total)``: the chance a coin does as well (``None`` in
+            reports written before it was recorded).
+        threshold, passed: ``SANITY_THRESHOLD`` and whether the judge is trusted:
+            ``accuracy >= threshold`` with ``p_value < SANITY_P_VALUE``.
         by_kind: Per contrast, pairs right and pairs.
         judgements, failed_judgements: Distinct targets judged, and how many failed.
         seconds: Wall time of the judging.
@@ -179,6 +191,7 @@ class SanityReport(BaseModel):
     right: int = Field(ge=0)
     total: int = Field(ge=1)
     accuracy: float = Field(ge=0.0, le=1.0)
+    p_value: float | None = None
     threshold: float
     passed: bool
     by_kind: dict[str, KindTally]
@@ -191,7 +204,26 @@ class SanityReport(BaseModel):
     def summary(self) -> str:
         """One line: pairs right, accuracy and the tally per contrast."""
         kinds = ", ".join(f"{kind} {t.right}/{t.total}" for kind, t in self.by_kind.items())
-        return f"{self.right}/{self.total} pairs right ({self.accuracy:.0%}); by kind: {kinds}"
+        chance = f", p = {self.p_value:.2g} against chance" if self.p_value is not None else ""
+        return f"{self.right}/{self.total} pairs right ({self.accuracy:.0%}{chance}); by kind: {kinds}"
+
+    def verdict(self) -> str:
+        """Whether the judge labels this rubric, and why, in words."""
+        rule = f"needs {SANITY_THRESHOLD:.0%} with p < {SANITY_P_VALUE}"
+        if self.passed:
+            return f"trusted ({rule})"
+        return f"not trusted ({rule}): the metric judge labels this rubric alone"
+
+
+def binomial_p(right: int, total: int) -> float:
+    """One-sided binomial p-value: the chance of ``right`` or more of ``total`` pairs right
+    by guessing (each pair 1/2)."""
+    return sum(math.comb(total, k) for k in range(right, total + 1)) / 2 ** total
+
+
+def trusted(right: int, total: int) -> bool:
+    """Whether a judge with ``right`` of ``total`` sanity pairs right labels training data."""
+    return right / total >= SANITY_THRESHOLD and binomial_p(right, total) < SANITY_P_VALUE
 
 
 def list_sanity_sets() -> list[str]:
@@ -280,6 +312,8 @@ def _reply_pairs(item: _ReplyItem, roster: Roster, path: Path) -> list[SanityPai
         raise SanityError(f"{where}: unknown persona '{item.persona}'; valid: {', '.join(roster.persona_ids)}")
     _check_kinds(list(item.worse), "reply", where)
     context = _messages(item.conversation, roster, where)
+    if NEEDS_A_VOICE & set(item.worse) and not any(m["role"] == "assistant" for m in context):
+        raise SanityError(f"{where}: contrast 'copies_voice' needs a voice's turn in the conversation to copy")
     direction = StageDirection(speaker=item.persona, action=item.direction.action, tone=item.direction.tone)
     history = [langchain_message(m["role"], m["content"], m.get("name")) for m in context]
     prompt = openai_messages(speaker_messages(roster, roster.persona(item.persona), direction, history))
@@ -338,7 +372,8 @@ def _report(
     return SanityReport(
         judge=judge, rubric=rubric, rubric_version=rubric_version, roster=sanity_set.roster,
         target=sanity_set.target, sanity_set=sanity_set.source, right=right, total=len(results),
-        accuracy=round(accuracy, 4), threshold=SANITY_THRESHOLD, passed=accuracy >= SANITY_THRESHOLD,
+        accuracy=round(accuracy, 4), p_value=binomial_p(right, len(results)), threshold=SANITY_THRESHOLD,
+        passed=trusted(right, len(results)),
         by_kind={kind: KindTally(right=r, total=t) for kind, (r, t) in counts.items()},
         judgements=judgements, failed_judgements=failed, seconds=round(seconds, 3), pairs=results,
     )
@@ -423,6 +458,7 @@ def read_sanity_report(path: str | Path) -> SanityReport:
 
 
 def sanity_metric_weight(report: SanityReport) -> float:
-    """The metric judge's weight in the labels by the judge's sanity accuracy:
-    ``SANITY_FALLBACK_WEIGHT`` (0.5) below ``SANITY_THRESHOLD`` (0.7), else 0 (judge only)."""
-    return SANITY_FALLBACK_WEIGHT if report.accuracy < SANITY_THRESHOLD else 0.0
+    """The metric judge's weight in the labels by the judge's sanity result: 0 (the judge
+    alone) for a trusted judge, else ``SANITY_FALLBACK_WEIGHT`` (1: the metric judge alone).
+    A report without a p-value is judged on its pairs again (``trusted``)."""
+    return 0.0 if trusted(report.right, report.total) else SANITY_FALLBACK_WEIGHT

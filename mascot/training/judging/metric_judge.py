@@ -1,12 +1,13 @@
 """Metric judges: a 0-100 score of a judged candidate from automatic metrics, no LLM.
 
-Where the LLM judge is not trustworthy (``judge_sanity``: below 70 % on its sanity set),
-preference labels mix its overall score with this one instead of training on noise::
+Where the LLM judge is not trustworthy (``judge_sanity``: under 75 % on its sanity set, or
+a score a coin could match, p ≥ 0.01), preference labels come from this judge instead of
+training on noise::
 
     overall = (1 - W) * judge_overall + W * metric_overall
 
 ``W`` is ``--metric-weight`` of ``mascot pairs``; from a failed sanity report it is
-``SANITY_FALLBACK_WEIGHT`` = 0.5 (the documented weight: the two count equally).
+``SANITY_FALLBACK_WEIGHT`` = 1 (the metric judge alone).
 
 A **persona reply** (a candidate of ``mascot candidates``; its prompt is the speaker's
 prompt of ``graphs.prompts.speaker_messages``: the system message holds the persona, the
@@ -61,8 +62,8 @@ from mascot.training.data.pairs import JudgedCandidate
 from mascot.training.evaluation.metrics import Embedder, Vector, _cosine, _describe, default_embedder
 from mascot.training.fitting.rewards import roster_format_reward
 
-#: Weight of the metric judge in the labels when the LLM judge failed its sanity set.
-SANITY_FALLBACK_WEIGHT = 0.5
+#: Weight of the metric judge in the labels when the LLM judge failed its sanity set (alone).
+SANITY_FALLBACK_WEIGHT = 1.0
 #: Weight of each term of a reply's and of a block's score.
 REPLY_WEIGHTS = {"format": 0.2, "substance": 0.2, "novelty": 0.2, "persona_fit": 0.2, "relevance": 0.2}
 BLOCK_WEIGHTS = {"voices": 0.2, "novelty": 0.2, "persona_fit": 0.2, "no_cues": 0.2, "substance": 0.2}
