@@ -111,7 +111,7 @@ def rollout(engine: str, model: str, episodes: int, work: Path) -> dict[str, Any
                            "--out", str(out)], capture_output=True, text=True, check=False)
     seconds = time.monotonic() - started
     if done.returncode != 0:
-        return {"error": done.stderr.strip().splitlines()[-1:] or [f"rc {done.returncode}"], "seconds": seconds}
+        return {"error": _cause(done), "seconds": seconds}
     roster = load_roster("emotional_support")
     embedder = default_embedder()
     values, same, rounds = [], 0, 0
@@ -124,6 +124,13 @@ def rollout(engine: str, model: str, episodes: int, work: Path) -> dict[str, Any
     return {"episodes": episodes, "seconds": round(seconds, 1), "rounds_with_several_voices": rounds,
             "rounds_with_a_repeated_reply": same,
             "redundancy_between_voices": round(sum(values) / len(values), 3) if values else None}
+
+
+def _cause(done: subprocess.CompletedProcess) -> str:
+    """A failed stage's reason: its error or summary line, not its progress bar."""
+    lines = [line for line in done.stderr.splitlines() if line.strip() and "━" not in line]
+    named = [line for line in lines if "error" in line.lower() or "failed" in line]
+    return (named or lines or [f"rc {done.returncode}"])[-1][:300]
 
 
 def judge_targets(work: Path, results: Path, limit: int) -> Path:
@@ -155,7 +162,7 @@ def judge(engine: str, model: str, targets: Path, work: Path) -> dict[str, Any]:
                           capture_output=True, text=True, check=False)
     seconds = time.monotonic() - started
     if done.returncode != 0:
-        return {"error": done.stderr.strip().splitlines()[-1:] or [f"rc {done.returncode}"], "seconds": seconds}
+        return {"error": _cause(done), "seconds": seconds}
     verdicts = [json.loads(line) for line in out.read_text(encoding="utf-8").splitlines()]
     ok = [v for v in verdicts if v["status"] == "ok"]
     return {"targets": len(verdicts), "ok": len(ok), "seconds": round(seconds, 1),
@@ -181,11 +188,12 @@ def main() -> None:
     policy = work / "policies.yaml"
     policy.write_text(f"version: 1\nroles:\n  default: {{kind: local, model: {model}}}\n")
     weights = sum(p.stat().st_size for p in Path(model).glob("*.safetensors"))
-    bandwidth = bandwidth_gb_s()
     kept = json.loads(Path(args.out).read_text()) if Path(args.out).is_file() and len(args.only) < 3 else {}
-    results: dict[str, Any] = {**kept, "model": Path(model).name, "bandwidth_gb_s": round(bandwidth, 1),
-                               "weights_gb": round(weights / 1e9, 2),
-                               "decode_floor_tokens_per_s": round(bandwidth * 1e9 / weights, 1)}
+    results: dict[str, Any] = {**kept, "model": Path(model).name, "weights_gb": round(weights / 1e9, 2)}
+    if "throughput" in args.only:  # the floor belongs with the decode speed measured beside it
+        bandwidth = bandwidth_gb_s()
+        results.update({"bandwidth_gb_s": round(bandwidth, 1),
+                        "decode_floor_tokens_per_s": round(bandwidth * 1e9 / weights, 1)})
     results.setdefault("engines", {})
     name = Path(model).name
     for engine in ("local", "vllm"):
