@@ -98,7 +98,8 @@ def test_a_roster_without_a_set_is_one_error_and_a_file_fills_in(tmp_path: Path)
     data["roster"] = "my_support"
     own = tmp_path / "sanity.yaml"
     own.write_text(yaml.safe_dump(data))
-    assert len(load_sanity_set(roster, "reply", path=own).pairs) == 12
+    shipped = load_sanity_set(load_roster("emotional_support"), "reply")
+    assert sorted(p.id for p in load_sanity_set(roster, "reply", path=own).pairs) == sorted(p.id for p in shipped.pairs)
 
 
 @pytest.mark.parametrize(("change", "message"), [
@@ -143,24 +144,26 @@ def test_a_judge_that_scores_alike_gets_nothing_right(roster: Roster) -> None:
     sanity = load_sanity_set(roster, "reply")
     report = run_sanity(_judge(roster, "persona", lambda body: 3), sanity, concurrency=4)
     assert report.accuracy == 0.0 and not report.passed  # ties count as wrong
-    assert report.judgements == 15 and report.failed_judgements == 0  # the better reply judged once, not 4 times
-    assert sanity_metric_weight(report) == 0.5
+    # each item's better reply is judged once, not once per contrast
+    assert report.judgements == len(sanity.targets()) == len({p.better.model_dump_json() for p in sanity.pairs}) + len(
+        sanity.pairs) and report.failed_judgements == 0
+    assert sanity_metric_weight(report) == 1.0  # not trusted: the metric judge labels alone
 
 
 def test_a_judge_that_likes_length_is_scored_pair_by_pair(roster: Roster) -> None:
     sanity = load_sanity_set(roster, "reply")
     report = run_sanity(_judge(roster, "persona", lambda body: min(5, 1 + len(body.split()) // 10)), sanity)
-    assert report.by_kind["one_word"].right == report.by_kind["one_word"].total == 3
+    assert report.by_kind["one_word"].right == report.by_kind["one_word"].total >= 5
     assert report.accuracy == pytest.approx(_recomputed(report), abs=1e-4)
     assert sum(t.right for t in report.by_kind.values()) == report.right
-    assert report.passed == (report.accuracy >= SANITY_THRESHOLD)
+    assert report.passed == (report.accuracy >= SANITY_THRESHOLD and report.p_value < 0.01)
 
 
 def test_failed_judgements_count_as_wrong(roster: Roster) -> None:
     sanity = load_sanity_set(roster, "block")
     judge = Judge("group", PromptChat(reply=lambda prompt: "no idea"), model_name="mute", max_attempts=1)
     report = run_sanity(judge, sanity)
-    assert report.failed_judgements == report.judgements == 8 and report.accuracy == 0.0
+    assert report.failed_judgements == report.judgements == len(sanity.targets()) and report.accuracy == 0.0
     assert all(p.better.error and p.better.overall is None for p in report.pairs)
 
 
@@ -180,7 +183,8 @@ def test_cli_reports_the_accuracy_its_scores_give(rubric: str, tmp_path: Path,
     assert code == 0, captured.err
     report = read_sanity_report(report_file)
     assert report.judge == "stub-judge" and report.rubric == rubric and report.rubric_version == 1
-    assert report.total == (12 if rubric == "persona" else 6) and report.failed_judgements == 0
+    shipped = load_sanity_set(load_roster("workplace_meeting"), "reply" if rubric == "persona" else "block")
+    assert report.total == len(shipped.pairs) >= 30 and report.failed_judgements == 0
     assert report.accuracy == pytest.approx(_recomputed(report), abs=1e-4)
     assert f"judge sanity: {rubric} rubric, {report.right}/{report.total} pairs right" in captured.out
     assert report.metric_judge is not None and report.metric_judge.total == report.total

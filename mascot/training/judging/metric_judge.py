@@ -33,12 +33,14 @@ scored on the other four terms (each 0.25), so a reply earns nothing for speakin
 A **group block** (persona ``group``; the reply is ``id: text`` paragraphs, as
 ``targets.render_block`` writes them) scores 0 without a persona turn, else::
 
-    100 * (0.2 voices + 0.2 novelty + 0.2 persona_fit + 0.2 no_cues + 0.2 substance)
+    100 * (voices + novelty + persona_fit + no_cues + substance + relevance) / 6
 
 - voices: distinct persona speakers / persona turns (one voice three times: 1/3).
 - novelty: ``1 -`` the mean over the turns after the first of ``max(0, highest cosine to an
   earlier turn of the block)`` (the block's ``metrics.redundancy``).
 - persona_fit, substance: the persona turns' mean of the reply terms above.
+- relevance: the persona turns' mean ``max(0, cosine to the person's latest message)`` of the
+  block's prefix (0 without one): three fluent voices on another problem are no answer.
 - no_cues: the share of persona turns that are neither cue-like nor have a ``reply_fault``
   (against the block's earlier turns); such a turn also adds 0 to persona_fit and substance.
 
@@ -66,7 +68,7 @@ from mascot.training.fitting.rewards import roster_format_reward
 SANITY_FALLBACK_WEIGHT = 1.0
 #: Weight of each term of a reply's and of a block's score.
 REPLY_WEIGHTS = {"format": 0.2, "substance": 0.2, "novelty": 0.2, "persona_fit": 0.2, "relevance": 0.2}
-BLOCK_WEIGHTS = {"voices": 0.2, "novelty": 0.2, "persona_fit": 0.2, "no_cues": 0.2, "substance": 0.2}
+BLOCK_WEIGHTS = {name: 1 / 6 for name in ("voices", "novelty", "persona_fit", "no_cues", "substance", "relevance")}
 #: Words a reply needs for full substance.
 SUBSTANCE_WORDS = 8
 #: The persona id of a group-block candidate.
@@ -160,25 +162,29 @@ class _Block:
         self.roster = roster
         turns = _split_turns(record.reply, [*roster.persona_ids, USER, "assistant"])
         self.turns = [(speaker, text) for speaker, text in turns if speaker in roster.persona_ids]
+        self.person = next((m.content for m in reversed(record.prompt) if m.role == "user"), "")
 
     @property
     def texts(self) -> list[str]:
-        return [text for _, text in self.turns]
+        return [text for _, text in self.turns] + ([self.person] if self.person else [])
 
     def overall(self, vectors: dict[str, Vector], descriptions: dict[str, Vector]) -> float:
         if not self.turns:
             return 0.0
         speakers = [speaker for speaker, _ in self.turns]
-        embedded = [vectors[text] for text in self.texts]
+        embedded = [vectors[text] for _, text in self.turns]
         repeats = [max(_cosine(v, w) for w in embedded[:i]) for i, v in enumerate(embedded) if i]
-        bad = [_cue_like(t, self.roster.persona(s)) or reply_fault(t, voices=self.texts[:i]) is not None
-               for i, (s, t) in enumerate(self.turns)]
+        bad = [_cue_like(t, self.roster.persona(s)) or reply_fault(t, voices=[u for _, u in self.turns[:i]])
+               is not None for i, (s, t) in enumerate(self.turns)]
+        person = vectors[self.person] if self.person else None
         terms = {
             "voices": len(set(speakers)) / len(speakers),
             "persona_fit": _mean([0.0 if b else _persona_fit(t, vectors[t], s, descriptions)
                                   for (s, t), b in zip(self.turns, bad, strict=True)]),
             "no_cues": _mean([0.0 if b else 1.0 for b in bad]),
             "substance": _mean([0.0 if b else _substance(t) for (_, t), b in zip(self.turns, bad, strict=True)]),
+            "relevance": _mean([max(0.0, _cosine(vectors[t], person)) if person is not None else 0.0
+                                for _, t in self.turns]),
         }
         if repeats:  # novelty only where a turn follows another
             terms["novelty"] = 1.0 - sum(max(0.0, r) for r in repeats) / len(repeats)
