@@ -7,8 +7,9 @@ on this machine's CPU, as one ``mascot pipeline`` run of the recipe beside this 
 1. the roster's scenarios are split into train and held-out by id (``bench/learning/split.json``,
    fixed once); rollouts, sibling blocks, candidates, judging, pairs, reward models and GRPO
    see the train scenarios only;
-2. the offline model judges (itself; a weak 0.5B judge), after its accuracy on the fixed
-   sanity sets decides how much the automatic metric judges weigh in the labels;
+2. the offline 1.5B model judges when it is built (``mascot offline-model --model
+   qwen2.5-coder-1.5b-instruct``; else the 0.5B judges itself), and its score on the fixed
+   sanity sets decides, per rubric, whether it labels or the metric judge labels alone;
 3. ``eval`` plays the held-out scenarios with ``trained`` (both adapters), ``untrained``
    (the base model as Director and speakers, same prompts and constraints) and
    ``round_robin``, paired by episode id, and judges them with both rubrics.
@@ -36,7 +37,7 @@ from typing import Any
 
 import yaml
 
-from mascot.offline_model import build_offline_model
+from mascot.offline_model import OFFLINE_JUDGE, build_offline_model, built_offline_model
 from mascot.pipeline import run_pipeline
 from mascot.rosters import load_roster, load_scenarios
 from mascot.training.episodes.episode import Episode, read_episodes
@@ -62,6 +63,8 @@ def main() -> int:
     parser.add_argument("--quick", action="store_true", help="every stage at the smallest size (smoke test)")
     parser.add_argument("--model", metavar="DIR", help="the offline model folder (default: built by mascot "
                                                        "offline-model into the cache)")
+    parser.add_argument("--judge-model", metavar="DIR", help="the judge (default: the offline 1.5B model when built "
+                                                             "into the cache, else --model itself)")
     parser.add_argument("--work", metavar="DIR", help="run folder (default ./learning-run or ./learning-quick)")
     parser.add_argument("--docs", metavar="DIR", help="report folder (default docs/learning; --quick: WORK/docs)")
     args = parser.parse_args()
@@ -72,7 +75,10 @@ def main() -> int:
     # the folder the README's test command builds; built here (minutes, once) when missing
     model = Path(args.model).expanduser() if args.model else build_offline_model(
         Path("~/.cache/mascot/qwen2.5-coder-0.5b-instruct").expanduser())
-    recipe = write_run(work, model, quick=args.quick)
+    # a judge stronger than the policy when it is built (mascot offline-model --model qwen2.5-coder-1.5b-instruct)
+    judge = Path(args.judge_model).expanduser() if args.judge_model else built_offline_model(OFFLINE_JUDGE) or model
+    print(f"learning: policy model {model}; judge {judge}", file=sys.stderr, flush=True)
+    recipe = write_run(work, model, quick=args.quick, judge=judge)
     timings: dict[str, float] = {}
     clock = {"stage": "", "t": time.monotonic()}
 
@@ -84,14 +90,14 @@ def main() -> int:
             timings[name] = round(time.monotonic() - clock["t"], 1)
 
     run_pipeline(recipe, on_stage=on_stage)
-    results = analyse(work, model, timings=timings, quick=args.quick)
+    results = analyse(work, model, timings=timings, quick=args.quick, judge=judge)
     results["minutes_total"] = round((time.monotonic() - started) / 60, 1)
     write_docs(work, docs, results)
     print(f"learning: report {docs / 'report.md'} ({results['minutes_total']} min)")
     return 0
 
 
-def write_run(work: Path, model: Path, *, quick: bool) -> Path:
+def write_run(work: Path, model: Path, *, quick: bool, judge: Path | None = None) -> Path:
     """The run folder's scenario files (the fixed split) and recipes; returns the recipe."""
     recipe = yaml.safe_load((HERE / "recipe.yaml").read_text(encoding="utf-8"))
     split = json.loads((HERE / "split.json").read_text(encoding="utf-8"))["rosters"][recipe["roster"]]
@@ -103,7 +109,8 @@ def write_run(work: Path, model: Path, *, quick: bool) -> Path:
         (work / name).write_text("".join(json.dumps(scenarios[i].model_dump()) + "\n" for i in ids), encoding="utf-8")
     if set(split["train"]) & set(split["heldout"]):
         raise SystemExit("split.json: a scenario is both train and held out")
-    recipe["model"] = recipe["judge"]["model"] = str(model)
+    recipe["model"] = str(model)
+    recipe["judge"]["model"] = str(judge or model)
     for name in ("rm.yaml", "speakers.yaml", "director.yaml"):
         config = yaml.safe_load((HERE / name).read_text(encoding="utf-8"))
         if quick:
@@ -121,7 +128,8 @@ def write_run(work: Path, model: Path, *, quick: bool) -> Path:
     return path
 
 
-def analyse(work: Path, model: Path, *, timings: dict[str, float], quick: bool) -> dict[str, Any]:
+def analyse(work: Path, model: Path, *, timings: dict[str, float], quick: bool,
+            judge: Path | None = None) -> dict[str, Any]:
     """Every number of the report, from the run folder's files."""
     from transformers import AutoTokenizer
 
@@ -170,7 +178,7 @@ def analyse(work: Path, model: Path, *, timings: dict[str, float], quick: bool) 
             "lower_is_better": METRICS.get(metric, False),
         }
     return {
-        "quick": quick, "model": str(model), "roster": roster.id, "judge": f"{model} (the same model judges itself)",
+        "quick": quick, "model": str(model), "roster": roster.id, "judge": f"{model} (the same model judges itself)" if judge in (None, model) else str(judge),
         "train_scenarios": split["train"], "heldout_scenarios": split["heldout"],
         "episodes_per_system": {name: len(e) for name, e in episodes.items()},
         "comparisons": comparisons, "targets": targets(comparisons),

@@ -131,6 +131,23 @@ def default_cache() -> Path:
     return Path(root).expanduser() / "offline-model"
 
 
+def offline_model_folder(model: str = DEFAULT_OFFLINE_MODEL) -> Path:
+    """Where an offline model is built by default: ``<cache root>/<name>`` (the root of
+    :func:`default_cache`: ``$MASCOT_CACHE``, ``$XDG_CACHE_HOME/mascot`` or ``~/.cache/mascot``)."""
+    offline_source(model)
+    return default_cache().parent / model
+
+
+def built_offline_model(model: str) -> Path | None:
+    """The default folder of offline model ``model`` when it is built there (``None`` if not)."""
+    folder = offline_model_folder(model)
+    return folder if is_offline_model(folder, model=model) else None
+
+
+#: The offline model that judges real-model runs when it is built: stronger than the policy.
+OFFLINE_JUDGE = "qwen2.5-coder-1.5b-instruct"
+
+
 def is_offline_model(folder: str | Path, *, dtype: str = "bfloat16", model: str = DEFAULT_OFFLINE_MODEL) -> bool:
     """Tell whether ``folder`` is a finished offline model ``model`` in ``dtype``.
 

@@ -259,3 +259,15 @@ def test_cli_builds_the_model_asked_for(tmp_path: Path, monkeypatch: pytest.Monk
     line = capsys.readouterr().err.strip()
     assert line.startswith("mascot: error: not enough free disk") and "\n" not in line
     assert "3.6 GB" in line or "3.5 GB" in line, line
+
+
+def test_the_judge_is_found_where_offline_model_builds_it(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("MASCOT_CACHE", str(tmp_path))
+    judge = offline_model.OFFLINE_JUDGE
+    assert offline_model.offline_model_folder(judge) == tmp_path / judge
+    assert offline_model.built_offline_model(judge) is None
+    (tmp_path / judge).mkdir()
+    marker = {"sha256": offline_model.offline_source(judge).sha256, "dtype": "bfloat16"}
+    (tmp_path / judge / MARKER).write_text(json.dumps(marker))
+    assert offline_model.built_offline_model(judge) == tmp_path / judge
+    assert offline_model.built_offline_model(offline_model.DEFAULT_OFFLINE_MODEL) is None

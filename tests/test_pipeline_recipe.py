@@ -65,6 +65,12 @@ def test_demo_recipe_gives_a_real_model_each_roles_budget(tmp_path: Path) -> Non
             assert found == expected, (model, stage, flags)
         judge = plan["judge-blocks"]
         assert judge[judge.index("--model") + 1] == ("stub-judge" if judge_url else "real")  # a real model judges itself
+    # a stronger judge than the policy, in every stage that judges
+    plan = dict(stages(load_recipe(write(tmp_path, demo_recipe("real", judge_url=None, judge_model="strong"))),
+                       tmp_path))
+    assert plan["judge-blocks"][plan["judge-blocks"].index("--model") + 1] == "strong"
+    assert plan["eval"][plan["eval"].index("--judge-model") + 1] == "strong"
+    assert plan["rollout"][plan["rollout"].index("--policies") + 1].endswith("base-policies.yaml")
 
 
 def test_a_missing_extra_stops_the_demo_before_any_work(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
