@@ -403,7 +403,8 @@ def test_baselines(roster, kind: str, expected: list[list[str]]) -> None:
 
 def test_random_baseline_is_seeded_and_distinct_per_round(roster) -> None:
     def run(seed: int) -> list[str]:
-        graph = create_baseline_graph("random", roster, speakers=ScriptedChat(replies=["t"] * 10), seed=seed,
+        speakers = ScriptedChat(replies=[f"turn {i}" for i in range(10)])  # distinct: a copy would be skipped
+        graph = create_baseline_graph("random", roster, speakers=speakers, seed=seed,
                                       max_speakers_per_round=3).compile()
         return [m.name for m in graph.invoke({"messages": [HumanMessage("hi")]})["messages"][1:]]
 
@@ -455,3 +456,15 @@ def test_voices_are_offered_in_a_shuffled_order_that_a_conversation_keeps(roster
     later = offered_speakers(roster, [HumanMessage("x"), AIMessage("y", name="anchor")], round_turns=1,
                              min_speakers_per_round=1)
     assert later[-1] == USER and "anchor" not in later
+
+
+def test_a_voice_that_says_the_one_before_back_is_skipped(roster) -> None:
+    """Two voices with the same reply are one voice: the copy never reaches the conversation."""
+    same = "That sounds really painful, and it makes sense that you feel discouraged after trying so hard."
+    director = ScriptedChat(replies=[d("anchor"), d("catalyst"), d(USER)])
+    graph = create_director_graph(roster, director=director, speakers=ScriptedChat(replies=[same, same + " Truly."]),
+                                  max_speakers_per_round=2).compile()
+    state = graph.invoke({"messages": [HumanMessage("I failed my driving test again")]})
+    assert persona_turns(state) == [("anchor", same)]
+    assert any("repeated a voice heard this round" in f["reason"] and f["node"] == "catalyst"
+               for f in state["fallbacks"])

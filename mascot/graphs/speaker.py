@@ -21,6 +21,7 @@ from mascot.graphs.reply import (
     user_labels,
     word_count,
 )
+from mascot.graphs.reply_faults import reply_fault
 from mascot.graphs.state import DirectorState
 from mascot.rosters import Persona, Roster
 
@@ -38,8 +39,10 @@ def speaker_node(roster: Roster, persona: Persona, model: BaseChatModel) -> Node
     (model name, adapter, token usage, and the call's ``latency_s``). Name prefixes are stripped and lines written
     for other speakers (or the Director) are cut, copied stage cues removed, and long runs
     repeated verbatim from the person's messages (``cut_quotes``) are cut and recorded as a
-    fallback. An empty result, one that was mostly the person's message, or one that only
-    says the direction back, is recorded as a fallback and the turn is skipped.
+    fallback. An empty result, one that was mostly the person's message, one that only says
+    the direction back, or one that says back a voice heard this round (``reply_fault``
+    ``copies_voice``: two voices with the same reply are one voice), is recorded as a
+    fallback and the turn is skipped.
 
     Args:
         roster: The roster the persona belongs to.
@@ -74,6 +77,8 @@ def speaker_node(roster: Roster, persona: Persona, model: BaseChatModel) -> Node
             reason = f"repeated the person's message; turn skipped: {text[:80]!r}"
         elif echoes(text, f"{direction.action} {direction.tone}", names=own):
             reason = f"echoed the stage direction; turn skipped: {text[:80]!r}"
+        elif reply_fault(text, voices=_round_voices(state["messages"])) == "copies_voice":
+            reason = f"repeated a voice heard this round; turn skipped: {text[:80]!r}"
         if reason:
             logger.warning("%s: %s", persona.id, reason)
             update["fallbacks"] = [{"node": persona.id, "round": state.get("round", 0), "reason": reason}]
@@ -107,3 +112,14 @@ def speaker_node(roster: Roster, persona: Persona, model: BaseChatModel) -> Node
         return finish(state, direction, reply, time.perf_counter() - start)
 
     return Node(persona.id, speak, aspeak)
+
+
+def _round_voices(messages: list[BaseMessage]) -> list[str]:
+    """The persona turns since the person's last message."""
+    voices: list[str] = []
+    for message in messages:
+        if message.type == "human":
+            voices = []
+        elif isinstance(message, AIMessage) and message.name:
+            voices.append(message.text)
+    return voices
