@@ -298,9 +298,7 @@ def _engine_bases(recipe: PipelineRecipe, base: Path) -> list[str]:
     local, the judge's (as the stages' policy files name them)."""
     models = [_model(recipe, base)]
     judge = recipe.judge
-    if judge.model and not judge.base_url:
-        models.append(judge.model)
-    elif judge.policies:
+    if judge.policies:  # as _judge_flags: a judge policy file wins over a judge model
         from mascot.policies.spec import PolicyError, load_policy_specs
 
         try:
@@ -308,6 +306,8 @@ def _engine_bases(recipe: PipelineRecipe, base: Path) -> list[str]:
         except PolicyError as exc:
             raise PipelineError(str(exc)) from None
         models += [spec.model for spec in specs.values() if spec.kind == "local"]
+    elif judge.model and not judge.base_url:
+        models.append(judge.model)
     return list(dict.fromkeys(models))
 
 

@@ -158,12 +158,21 @@ def test_a_round_cut_short_or_a_copied_action_is_not_rewarded(roster: Roster, ep
     copy = rewards.action_copy([list(start.prompt)] * 2, completions, context_id=ids)
     penalty = rewards.redundancy_penalty([list(start.prompt)] * 2, completions, context_id=ids)
     rollout.close()
-    for block, full, pen in zip(blocks, fullness, penalty, strict=True):
+    for block, full in zip(blocks, fullness, strict=True):
         voices = 0
         for turn in block.turns:
             if turn["role"] == "user":
                 break
             voices += 1
         assert full == pytest.approx(min(1.0, voices / 3) - 1.0)
-        assert (pen is None) == (voices < 2)  # a one-voice round is not scored for redundancy
+    assert all(p is None or -1.0 <= p <= 0.0 for p in penalty)
     assert copy == [0.0, -1.0]
+
+
+def test_an_unscored_block_is_neutral_among_its_siblings() -> None:
+    """TRL adds a None term as 0, the redundancy term's best value: a block with nobody to
+    repeat would earn it. It gets its decision point's mean instead (no advantage)."""
+    from mascot.training.fitting.director_training import neutral_where_unscored
+
+    assert neutral_where_unscored([-0.6, None, -0.2, None, None], ["a", "a", "a", "b", "b"]) == [
+        -0.6, pytest.approx(-0.4), -0.2, None, None]

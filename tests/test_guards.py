@@ -38,6 +38,7 @@ def test_a_hacked_episode_shows_in_every_guard(roster: Roster) -> None:
     assert guards["voices_per_round"] == 1.5 and guards["multi_voice_rounds"] == 50.0
     assert guards["refusal_rate"] == 100.0 and guards["first_offered"] == 100.0
     assert guards["copied_actions"] == pytest.approx(100 / 3) and guards["offered_voices"] == 4.0
+    assert guards["skipped_turns"] == 0.0
     assert guards["reply_words"] == 8.0
     healthy = _episode([
         EpisodeMessage(role="user", content=PERSON),
@@ -71,3 +72,16 @@ def test_a_one_voice_round_has_no_redundancy_and_no_first_offered_share(roster: 
     guards = guard_metrics(episode, roster)
     assert guards["first_offered"] is None and guards["copied_actions"] is None  # no direction recorded
     assert guards["multi_voice_rounds"] == 0.0
+
+
+def test_copies_the_speaker_node_skipped_still_count(roster: Roster) -> None:
+    """The graph skips most copies before they are heard; the guard counts the attempts."""
+    episode = _episode([
+        EpisodeMessage(role="user", content=PERSON),
+        _turn("anchor", "That sounds painful, and it makes sense that you feel low after trying so hard.", False),
+    ])
+    episode.fallbacks = [{"node": "catalyst", "round": 0, "reason": "repeated a voice heard this round; turn skipped"},
+                         {"node": "director", "round": 0, "reason": "unknown speaker 'x'"}]
+    guards = guard_metrics(episode, roster)
+    assert guards["echo_rate"] == 50.0 and guards["skipped_turns"] == 50.0
+    assert guards["voices_per_round"] == 1.0

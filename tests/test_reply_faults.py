@@ -7,7 +7,8 @@ import pytest
 from mascot.graphs.reply_faults import FAULTS, reply_fault
 
 PERSON = "I failed my driving test again and I feel like an idiot"
-ANCHOR = "That sounds really painful, and it makes sense that you feel discouraged after trying so hard."
+ANCHOR = ("That sounds really painful, and it makes sense that you feel discouraged after trying so hard. "
+          "What do you feel right now, really, when you think of the test?")
 
 
 @pytest.mark.parametrize(("text", "fault"), [
@@ -26,6 +27,8 @@ ANCHOR = "That sounds really painful, and it makes sense that you feel discourag
     ("I failed my driving test again and I feel like a total idiot.", "as_person"),  # the message said back
     (ANCHOR, "copies_voice"),
     ("That sounds really painful, and it makes sense that you feel discouraged after trying so hard!", "copies_voice"),
+    ("It sounds really painful, and it makes sense you feel discouraged after trying so hard. What do you feel "
+     "right now when you think of the test?", "copies_voice"),  # the same reply with words changed
     ("Hey, that sounds really painful, and it makes sense that you feel discouraged, so what now?",
      "copies_voice"),
     ("You said: failed my driving test again and I feel like an idiot. What went wrong?", "copies_person"),
@@ -44,6 +47,14 @@ def test_faults_are_named(text: str, fault: str) -> None:
     "You failed a test, not a life. What did you learn about the parts that went well?",
     "Sorry to hear that. What part of the test felt hardest?",
     "I don't think one result defines you.",
+    "Is there anything else you'd like to share about how the test went?",  # a voice may ask this
+    "How can I help you feel a little steadier tonight?",
+    "I can't help you decide, but here is a first step: write down what each option costs you this month.",
+    "I can't do that for you, but you could ask the instructor which manoeuvre cost the points.",
+    "What do you really feel right now?",  # a short question in the first voice's words is no copy
+    # one stock phrase in common with the voice before, in a reply of its own
+    "It makes sense that you feel discouraged after trying so hard, and I wonder what the examiner actually "
+    "wrote down, because a third attempt usually fails on one narrow thing you can drill this week.",
     "",
 ])
 def test_replies_of_their_own_pass(text: str) -> None:

@@ -178,3 +178,24 @@ def test_the_pipeline_runs_one_server_per_base_for_all_its_generating_stages(
     assert next(state for name, state in stages if name == "engine").startswith("starting vLLM for")
     # runtime LoRA on, for the training stages' largest rank (--lora_r 32)
     assert all(s.kwargs["allow_runtime_lora"] and s.kwargs["lora_rank"] == 32 for s in _FakeServer.made)
+
+
+def test_one_pool_serves_one_folder_per_adapter_name(server: str, served_root: Path, tiny_model: Path,
+                                                     roster: Roster, tmp_path: Path) -> None:
+    """Two policy sets of one command (eval's policies and its judge) may not load different
+    folders under one name: the second would swap the weights under the first's roles."""
+    pool = VllmPool(attach={str(tiny_model): server})
+    pool.serve(Policies.from_file(served_root / "policies.yaml", roster, seed=0))
+    other = served_root / "elsewhere" / "anchor"
+    shutil.copytree(served_root / "adapters" / "catalyst", other)
+    rival = Policies({"default": PolicySpec(kind="local", model=str(tiny_model)),
+                      "judge": PolicySpec(kind="local", model=str(tiny_model), adapter=str(other))}, roster)
+    with pytest.raises(vllm_engine.PolicyError, match="two adapters named 'anchor' on one vLLM server"):
+        pool.serve(rival)
+
+
+def test_a_server_is_found_by_the_folder_whatever_the_path_says(tiny_model: Path, tmp_path: Path) -> None:
+    link = tmp_path / "model-link"
+    link.symlink_to(tiny_model)
+    pool = VllmPool(attach={str(link): "http://127.0.0.1:9/v1"})
+    assert pool.url(str(tiny_model)) == pool.url(str(tiny_model / ".." / tiny_model.name)) == "http://127.0.0.1:9/v1"

@@ -172,6 +172,12 @@ def copies(text: str, sources: Iterable[str], *, min_words: int = COPY_WORDS) ->
                for source in sources)
 
 
+def shared_run(text: str, source: str) -> int:
+    """The longest run of consecutive words (case and punctuation aside) ``text`` shares with ``source``."""
+    span = _repeated_run(text, [w.lower() for w in _TOKEN.findall(source)], 1)
+    return span[2] if span else 0
+
+
 def word_count(text: str) -> int:
     """The words of ``text``, counted as ``cut_quotes`` counts them."""
     return len(_TOKEN.findall(text))

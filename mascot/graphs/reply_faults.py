@@ -22,7 +22,7 @@ from __future__ import annotations
 import re
 from collections.abc import Sequence
 
-from mascot.graphs.reply import QUOTE_WORDS, copies, cut_quotes, echoes, user_labels
+from mascot.graphs.reply import QUOTE_WORDS, cut_quotes, echoes, shared_run, user_labels, word_count
 
 #: The faults ``reply_fault`` names, in the order it tests them.
 FAULTS = ("refusal", "boilerplate", "as_person", "copies_voice", "copies_person")
@@ -36,19 +36,47 @@ _REFUSAL = re.compile(
     r"continue\s+(?:with\s+)?(?:this|that)|do\s+that|discuss|participate|respond\s+to\s+(?:this|that))",
     re.IGNORECASE,
 )
+# assistant talk only: "Is there anything else you'd like to share?" and "How can I help?"
+# are things a voice may say
 _BOILERPLATE = re.compile(
     r"\bas an? (?:AI|language model|(?:helpful )?(?:AI )?assistant)\b"
     r"|\bI(?:'m| am) (?:just )?an? (?:AI|language model|(?:virtual |AI )?assistant)\b"
-    r"|\bhow (?:can|may) I (?:assist|help) you(?: today)?\s*\?"
-    r"|\bis there anything else (?:I can|you(?:'d| would) like)"
-    r"|\bI hope this helps\b",
+    r"|\bhow (?:can|may) I assist you(?: today)?\s*\?"
+    r"|\bis there anything else I can (?:help|assist) you with\b",
     re.IGNORECASE,
 )
+#: Words a copy must share with the voice before, as a share of the copy's own words.
+COPY_SHARE = 0.6
+#: Words after "I can't help ..." up to which it stays a refusal even with a "but" ("but a
+#: professional can."); past them, with a "but", it is a limit stated before an answer.
+REFUSAL_REST_WORDS = 8
 _PERSON_LABEL = re.compile(
     r"^\s*[*_\[]{0,2}(?:" + "|".join(re.escape(label) for label in user_labels()) + r")[*_\]]{0,2}\s*[:：]",
     re.IGNORECASE,
 )
 _SPACE = re.compile(r"\s+")
+# "I can't do that for you, but here is a first step": a limit stated, then an answer
+_GOES_ON = re.compile(r"[^.!?]*\bbut\b\s+(?!I\b)", re.IGNORECASE)
+
+
+def copies_voice(text: str, voices: Sequence[str]) -> bool:
+    """Whether ``text`` says back one of ``voices`` (the earlier voices of its round): the same
+    reply, or one that shares ``QUOTE_WORDS`` words in a row or most of its words with it,
+    either way covering at least ``COPY_SHARE`` of its own words. A short question in a long
+    earlier reply's words, or one stock phrase in common, is no copy."""
+    flat = _SPACE.sub(" ", text.strip()).lower()
+    words = word_count(text)
+    for voice in voices:
+        if not voice.strip():
+            continue
+        if flat == _SPACE.sub(" ", voice.strip()).lower():
+            return True
+        run = shared_run(text, voice)
+        if run >= QUOTE_WORDS and run >= COPY_SHARE * words:
+            return True
+        if echoes(text, voice) and words >= COPY_SHARE * word_count(voice):
+            return True
+    return False
 
 
 def reply_fault(text: str, *, person: str = "", voices: Sequence[str] = ()) -> str | None:
@@ -66,17 +94,16 @@ def reply_fault(text: str, *, person: str = "", voices: Sequence[str] = ()) -> s
     text = text.strip()
     if not text:
         return None
-    if _REFUSAL.search(text):
+    refusal = _REFUSAL.search(text)
+    rest = text[refusal.end():] if refusal else ""
+    if refusal and (word_count(rest) <= REFUSAL_REST_WORDS or not _GOES_ON.match(rest)):
         return "refusal"
     if _BOILERPLATE.search(text):
         return "boilerplate"
     if _PERSON_LABEL.match(text) or (person and echoes(text, person)):
         return "as_person"
-    flat = _SPACE.sub(" ", text).lower()
-    for voice in voices:
-        if voice.strip() and (flat == _SPACE.sub(" ", voice.strip()).lower() or echoes(text, voice)
-                              or copies(text, [voice], min_words=QUOTE_WORDS)):
-            return "copies_voice"
+    if copies_voice(text, voices):
+        return "copies_voice"
     if person and cut_quotes(text, [person])[1]:
         return "copies_person"
     return None

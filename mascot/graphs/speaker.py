@@ -21,7 +21,7 @@ from mascot.graphs.reply import (
     user_labels,
     word_count,
 )
-from mascot.graphs.reply_faults import reply_fault
+from mascot.graphs.reply_faults import copies_voice
 from mascot.graphs.state import DirectorState
 from mascot.rosters import Persona, Roster
 
@@ -77,7 +77,7 @@ def speaker_node(roster: Roster, persona: Persona, model: BaseChatModel) -> Node
             reason = f"repeated the person's message; turn skipped: {text[:80]!r}"
         elif echoes(text, f"{direction.action} {direction.tone}", names=own):
             reason = f"echoed the stage direction; turn skipped: {text[:80]!r}"
-        elif reply_fault(text, voices=_round_voices(state["messages"])) == "copies_voice":
+        elif copies_voice(text, _round_voices(state["messages"])):
             reason = f"repeated a voice heard this round; turn skipped: {text[:80]!r}"
         if reason:
             logger.warning("%s: %s", persona.id, reason)

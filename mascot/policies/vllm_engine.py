@@ -424,10 +424,11 @@ class VllmPool:
         self.announce = announce or (lambda line: None)
         self.max_loras = max_loras
         self.lora_rank = lora_rank
-        self.attached = dict(attach) if attach is not None else attached_servers()
+        self.attached = {model_key(k): v for k, v in (attach if attach is not None else attached_servers()).items()}
         self.servers: dict[str, VllmServer] = {}
         self._names: dict[str, str] = {}  # URL -> the base's served name
         self._loaded: dict[str, dict[str, Path]] = {}  # URL -> adapter name -> folder loaded
+        self._claimed: dict[str, dict[str, Path]] = {}  # URL -> adapter name -> the folder this pool serves as it
 
     def url(self, base: str, served: ServedPolicies | None = None) -> str:
         """The URL of the server for ``base``, started now if the pool has none (with the
@@ -436,6 +437,7 @@ class VllmPool:
         Raises:
             VllmError: if vLLM is missing or fails to start.
         """
+        base = model_key(base)
         if base in self.attached:
             return self.attached[base].rstrip("/")
         if base not in self.servers:
@@ -467,6 +469,11 @@ class VllmPool:
         served = ServedPolicies.from_specs(specs)
         url = self.url(served.base, served)
         loaded = self._loaded.setdefault(url, {})
+        for name, adapter in served.adapters.items():
+            if name in self._claimed.get(url, {}) and self._claimed[url][name] != adapter.path:
+                raise PolicyError(f"two adapters named '{name}' on one vLLM server ({self._claimed[url][name]} and "
+                                  f"{adapter.path}); rename one folder")
+            self._claimed.setdefault(url, {})[name] = adapter.path
         missing = {name: a for name, a in served.adapters.items() if loaded.get(name) != a.path}
         if missing:
             load_adapters(url, missing.values())
@@ -505,6 +512,13 @@ class VllmPool:
 
     def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None) -> None:
         self.close()
+
+
+def model_key(model: str) -> str:
+    """A base model as servers are looked up by it: a folder resolved (links and ``..``), a
+    Hub id as given."""
+    path = Path(model).expanduser()
+    return str(path.resolve()) if path.exists() else model
 
 
 def attached_servers() -> dict[str, str]:

@@ -259,12 +259,17 @@ def evaluate(
         except RoutingError as exc:
             on_stage(f"routing accuracy not measured: {exc}")
             return {}
-        routed = {}
+        routed: dict[str, dict[str, dict[str, object]]] = {}
+        asked: dict[bool, dict[str, dict[str, object]]] = {}  # trained or bare Director -> its answers
         for name in systems:
             if name in MODEL_DIRECTORS:
-                on_stage(f"{name}: routing {len(points)} decision points")
-                director = (trained if MODEL_DIRECTORS[name] else trained.without_adapters()).chat_model("director")
-                routed[name] = await routing_results(director, roster, points, concurrency=plan.concurrency)
+                if MODEL_DIRECTORS[name] not in asked:
+                    on_stage(f"{name}: routing {len(points)} decision points")
+                    source = trained if MODEL_DIRECTORS[name] else trained.without_adapters()
+                    asked[MODEL_DIRECTORS[name]] = await routing_results(
+                        source.chat_model("director"), roster, points, concurrency=plan.concurrency,
+                        max_speakers_per_round=plan.max_speakers)
+                routed[name] = asked[MODEL_DIRECTORS[name]]
         return routed
 
     async def everything() -> tuple[list, dict]:

@@ -12,8 +12,12 @@ an episode has nothing to measure, so it does not count):
 - ``reply_words``: words per persona turn.
 - ``refusal_rate``: persona turns that refuse or talk as an assistant (``reply_fault``
   ``refusal`` or ``boilerplate``).
-- ``echo_rate``: persona turns that copy an earlier voice of the round or the person.
-- ``as_person_rate``: persona turns that speak as the person.
+- ``echo_rate``: persona turns that copy an earlier voice of the round or the person, over
+  every attempt: the speaker node skips most copies before they are heard (a fallback
+  "repeated a voice heard this round" or "repeated the person's message"), and those count.
+- ``as_person_rate``: persona turns that speak as the person (kept ones; a reply that starts
+  with the person's label is cut to nothing and counted in ``skipped_turns``).
+- ``skipped_turns``: persona attempts the speaker node skipped (empty, echoed, copied).
 - ``copied_actions``: directions of persona turns whose action repeats
   ``reply.COPY_WORDS`` consecutive words of what the Director read (the roster's guidance
   and voices, the person, an earlier reply).
@@ -32,7 +36,9 @@ from mascot.training.episodes.episode import Episode
 
 #: The guard metrics, in report order.
 GUARDS = ("voices_per_round", "multi_voice_rounds", "reply_words", "refusal_rate", "echo_rate", "as_person_rate",
-          "copied_actions", "first_offered", "offered_voices")
+          "skipped_turns", "copied_actions", "first_offered", "offered_voices")
+#: Fallback reasons of the speaker node for a skipped copy (``graphs.speaker``).
+_COPY_SKIPS = ("repeated a voice heard this round", "repeated the person's message")
 
 
 def _share(hits: int, total: int) -> float | None:
@@ -66,15 +72,20 @@ def guard_metrics(episode: Episode, roster: Roster) -> dict[str, float | None]:
                 earlier = [m.content for m in episode.messages[:index] if m.role != "system"]
                 copied += copies(str(message.stage_direction.get("action", "")), shown + earlier)
     turns = [text for voices in rounds for text in voices]
-    offered = [d for d in directions if len(d.get("offered") or []) >= 2]
+    offered = [d for d in directions if len([v for v in d.get("offered") or [] if v != USER]) >= 2]
+    skips = [f for f in episode.fallbacks if f.get("node") in roster.persona_ids
+             and "turn skipped" in str(f.get("reason", ""))]
+    copy_skips = sum(any(reason in str(f.get("reason", "")) for reason in _COPY_SKIPS) for f in skips)
+    attempts = len(faults) + len(skips)
     spoken_rounds = [voices for voices in rounds if voices]
     return {
         "voices_per_round": sum(map(len, spoken_rounds)) / len(spoken_rounds) if spoken_rounds else None,
         "multi_voice_rounds": _share(sum(len(v) >= 2 for v in spoken_rounds), len(spoken_rounds)),
         "reply_words": sum(map(word_count, turns)) / len(turns) if turns else None,
         "refusal_rate": _share(sum(f in ("refusal", "boilerplate") for f in faults), len(faults)),
-        "echo_rate": _share(sum(f in ("copies_voice", "copies_person") for f in faults), len(faults)),
+        "echo_rate": _share(sum(f in ("copies_voice", "copies_person") for f in faults) + copy_skips, attempts),
         "as_person_rate": _share(sum(f == "as_person" for f in faults), len(faults)),
+        "skipped_turns": _share(len(skips), attempts),
         "copied_actions": _share(copied, len(directions)),
         "first_offered": _share(sum(d["speaker"] == d["offered"][0] for d in offered), len(offered)),
         "offered_voices": sum(len([v for v in d["offered"] if v != USER]) for d in offered) / len(offered)

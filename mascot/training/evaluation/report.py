@@ -34,12 +34,14 @@ TABLES: dict[str, dict[str, str]] = {
     # what a gain made by refusing, saying less or copying would show (evaluation.guards)
     "guards": {"voices_per_round": "Voices per round", "multi_voice_rounds": "Rounds of 2+ voices, %",
                "reply_words": "Words per reply", "refusal_rate": "Refusals, %", "echo_rate": "Copies, %",
-               "as_person_rate": "As the person, %", "copied_actions": "Copied actions, %",
+               "as_person_rate": "As the person, %", "skipped_turns": "Skipped turns, %",
+               "copied_actions": "Copied actions, %",
                "first_offered": "First offered, %", "offered_voices": "Voices offered",
                "routing_accuracy": "Routing right, %", "routing_misfits": "Routed to a misfit, %"},
 }
 #: Columns where lower is better.
-LOWER_IS_BETTER = {"redundancy", "refusal_rate", "echo_rate", "as_person_rate", "copied_actions", "first_offered",
+LOWER_IS_BETTER = {"redundancy", "refusal_rate", "echo_rate", "as_person_rate", "skipped_turns", "copied_actions",
+                   "first_offered",
                    "routing_misfits"}
 #: Table titles.
 TITLES = {"persona": "Persona level (judge, 0-100)", "group": "Group level (judge, 0-100)",

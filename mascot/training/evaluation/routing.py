@@ -12,6 +12,7 @@ this number, beside ``first_offered``, tells choosing from position.
 from __future__ import annotations
 
 import asyncio
+import logging
 from importlib import resources
 from pathlib import Path
 
@@ -25,6 +26,7 @@ from mascot.rosters import Roster
 from mascot.rosters.yaml_file import YamlFileError, read_yaml
 
 PERSON = "person"
+logger = logging.getLogger(__name__)
 
 
 class RoutingError(ValueError):
@@ -100,21 +102,28 @@ def _round_turns(messages: list[BaseMessage]) -> int:
 
 async def routing_results(
     director: BaseChatModel, roster: Roster, points: list[RoutingPoint], *, structured_output: bool = True,
-    concurrency: int = 4,
+    concurrency: int = 4, max_speakers_per_round: int = 3, min_speakers_per_round: int = 1,
 ) -> dict[str, dict[str, object]]:
-    """Ask ``director`` once per point, as the director graph would.
+    """Ask ``director`` once per point, as the director graph with these limits would.
 
     Returns:
         Point id -> ``{"speaker", "right": the speaker fits, "misfit": it is ruled out,
-        "offered", "fallback"}``.
+        "offered", "fallback"}``; a point whose model call failed has ``"error"``, is not
+        right, and is logged (one failure does not lose the evaluation).
     """
-    decider = Decider(roster, director, structured_output=structured_output)
+    decider = Decider(roster, director, structured_output=structured_output,
+                      max_speakers_per_round=max_speakers_per_round, min_speakers_per_round=min_speakers_per_round)
     limit = asyncio.Semaphore(concurrency)
 
     async def one(point: RoutingPoint) -> tuple[str, dict[str, object]]:
         messages = point_messages(point)
         async with limit:
-            direction = await decider.adecide(messages, round_turns=_round_turns(messages))
+            try:
+                direction = await decider.adecide(messages, round_turns=_round_turns(messages))
+            except Exception as exc:  # a server fault: recorded for this point, the others go on
+                logger.warning("routing point %s failed: %s", point.id, exc)
+                return point.id, {"speaker": None, "right": False, "misfit": False, "offered": None,
+                                  "fallback": None, "error": f"{type(exc).__name__}: {exc}"[:300]}
         return point.id, {"speaker": direction.speaker, "right": direction.speaker in point.fits,
                           "misfit": direction.speaker in point.misfits, "offered": direction.offered,
                           "fallback": direction.fallback}

@@ -223,8 +223,9 @@ class DirectorRewards:
     def redundancy_penalty(self, prompts: Sequence[Any], completions: Sequence[Any], *,
                            context_id: Sequence[str], **kwargs: Any) -> list[float | None]:
         """Minus the block's mean similarity of its persona turns to the earlier persona turns
-        of their round; ``None`` (not scored) when no turn of the block follows another
-        voice of its round: a block of one voice must not earn the term's best value."""
+        of their round. A block in which no turn follows another voice of its round is not
+        scored: it gets the mean of the scored blocks of its decision point (0 advantage), not
+        the term's best value of 0 for having nobody to repeat (``neutral_where_unscored``)."""
         embedder = self.embedder or default_embedder()
         rewards: list[float | None] = []
         for block in self.blocks(completions, context_id):
@@ -238,7 +239,7 @@ class DirectorRewards:
                         values.append(redundancy([*earlier, turn["content"]], embedder=embedder)[-1])
                     earlier.append(turn["content"])
             rewards.append(-sum(values) / len(values) if values else None)
-        return rewards
+        return neutral_where_unscored(rewards, list(context_id))
 
     def round_fullness(self, prompts: Sequence[Any], completions: Sequence[Any], *,
                        context_id: Sequence[str], **kwargs: Any) -> list[float | None]:
@@ -265,7 +266,7 @@ class DirectorRewards:
                     context_id: Sequence[str], **kwargs: Any) -> list[float | None]:
         """-1 for a direction whose action copies ``reply.COPY_WORDS`` consecutive words of
         the Director's prompt (its guidance, the voices' descriptions, the person, an
-        earlier reply), else 0; a direction handing back is not scored."""
+        earlier reply), else 0; a direction handing back is not scored (neutral, as above)."""
         rewards: list[float | None] = []
         for block in self.blocks(completions, context_id):
             if block.direction.speaker == USER:
@@ -273,7 +274,7 @@ class DirectorRewards:
                 continue
             sources = [m["content"] for m in block.point.prompt]
             rewards.append(-1.0 if copies(block.direction.action, sources) else 0.0)
-        return rewards
+        return neutral_where_unscored(rewards, list(context_id))
 
     def speaker_balance(self, prompts: Sequence[Any], completions: Sequence[Any], *,
                         context_id: Sequence[str], **kwargs: Any) -> list[float | None]:
@@ -286,6 +287,21 @@ class DirectorRewards:
                            context_id: Sequence[str], **kwargs: Any) -> list[float | None]:
         """0 valid, -0.5 repaired, -1 replaced (see ``VALIDITY_REWARD``)."""
         return [VALIDITY_REWARD[b.validity] for b in self.blocks(completions, context_id)]
+
+def neutral_where_unscored(values: Sequence[float | None], groups: Sequence[str]) -> list[float | None]:
+    """``values`` with each ``None`` replaced by the mean of the scored values of its group
+    (the decision point), so an unscored block neither gains nor loses against its siblings;
+    ``None`` stays where no sibling is scored (TRL then leaves the term out of all of them).
+
+    TRL sums the reward terms ignoring ``None`` (as 0), which for a term in [-1, 0] is its
+    best value: a block would earn it for what it lacks."""
+    scored: dict[str, list[float]] = {}
+    for value, group in zip(values, groups, strict=True):
+        if value is not None:
+            scored.setdefault(group, []).append(value)
+    return [value if value is not None else (sum(scored[g]) / len(scored[g]) if g in scored else None)
+            for value, g in zip(values, groups, strict=True)]
+
 
 def standardise_by_group(values: Mapping[int, float], groups: Sequence[str], size: int) -> list[float | None]:
     """``values[i]`` standardised among the indices of the same group (mean 0, std 1,
