@@ -61,6 +61,10 @@ def expected_chat(rounds) -> list[dict[str, str]]:
     return chat
 
 
+def _without_offer(direction: dict | None) -> dict | None:
+    return None if direction is None else {k: v for k, v in direction.items() if k != "offered"}
+
+
 def expected_directions(rounds) -> list[dict[str, str]]:
     return [x for _, turns in rounds
             for x in [*({"speaker": p, "action": a, "tone": "warm"} for p, a, _ in turns),
@@ -98,9 +102,12 @@ def test_director_threads_become_episodes(roster, director_db, tmp_path: Path) -
         assert episode.id == "thread-" + hashlib.sha256(tid.encode()).hexdigest()[:16]
         assert episode.roster == "emotional_support"
         assert episode.chat() == expected_chat(rounds)
-        assert [m.stage_direction for m in episode.messages if m.role == "assistant"] == [
+        assert [_without_offer(m.stage_direction) for m in episode.messages if m.role == "assistant"] == [
             {"speaker": p, "action": a, "tone": "warm"} for _, turns in rounds for p, a, _ in turns]
-        assert episode.directions == expected_directions(rounds)
+        assert [_without_offer(d) for d in episode.directions] == expected_directions(rounds)
+        # what each decision was offered comes through the checkpoint too, the chosen voice among it
+        assert all(d["speaker"] in d["offered"] for d in episode.directions if "offered" in d)
+        assert any("offered" in d for d in episode.directions)
         assert (episode.source.kind, episode.source.checkpoint_id) == ("checkpoint", checkpoint_ids[tid])
     alice = episodes["alice"]
     assert alice.scenario.id == load_scenarios(roster.id)[0].id

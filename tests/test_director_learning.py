@@ -47,12 +47,16 @@ SAMPLES = 32
 WARM_STEPS, WARM_LR, WARM_TEMPERATURE = 300, 1e-2, 3.0
 #: Two decision points a step, eight directions each; no KL term (the default). The learning
 #: rate is lower than a LoRA's usual 1e-2 and up: the tiny model's weights are 0.02-scale, so
-#: a LoRA step of 1e-2 is a large relative change (it collapsed a less sharp warm start).
+#: a LoRA step of 1e-2 is a large relative change (it collapsed a less sharp warm start; with
+#: the Director's prompts listing the voices in shuffled order, 5e-3 collapsed to 100 % invalid
+#: directions in the first run, 2e-3 learned: catalyst 0.23 -> 0.74, action_guide 0.28 -> 1.0).
+#: Only the group RM and validity terms: the run isolates learning one reward.
 GRPO = DirectorTrainingConfig(
     lora_r=8, lora_alpha=16, lora_dropout=0.0, lora_target_modules="all-linear",
     block_turns=1, group_rm_weight=1.0, redundancy_weight=0.0, balance_weight=0.0, validity_weight=1.0,
+    fullness_weight=0.0, copy_weight=0.0,
     training={"max_steps": 8, "num_generations": 8, "per_device_train_batch_size": 16,
-              "max_completion_length": 32, "learning_rate": 5e-3, "temperature": 1.0, "seed": 0,
+              "max_completion_length": 32, "learning_rate": 2e-3, "temperature": 1.0, "seed": 0,
               "disable_tqdm": True})
 
 
@@ -225,8 +229,8 @@ def test_director_grpo_learns_the_persona_the_reward_prefers(
     print(f"{preferred} preferred: shares {before} -> {after}; group RM logit per step {logits}")
 
     assert report.steps == 8 and scorer.blocks == 8 * 16
-    # measured (seeds 0-3 of GRPO): catalyst 0.23 -> 0.84-0.95, action_guide 0.30 -> 0.99-1.0;
-    # the persona preferred in the other run 0.23-0.30 -> 0.0-0.03
+    # measured (GRPO seed 0, lr 2e-3): catalyst 0.23 -> 0.74, action_guide 0.28 -> 1.0; the
+    # persona preferred in the other run 0.23-0.28 -> 0.0-0.05
     assert after[preferred] >= 0.6 and after[preferred] >= before[preferred] + 0.35, after
     assert after[other] <= before[other] - 0.1, after
     assert after["invalid"] <= 0.2, after
