@@ -22,7 +22,7 @@ from mascot.graphs.reply import (
     word_count,
 )
 from mascot.graphs.reply_faults import copies_voice
-from mascot.graphs.state import DirectorState
+from mascot.graphs.state import DirectorState, round_messages
 from mascot.rosters import Persona, Roster
 
 logger = logging.getLogger(__name__)
@@ -77,7 +77,7 @@ def speaker_node(roster: Roster, persona: Persona, model: BaseChatModel) -> Node
             reason = f"repeated the person's message; turn skipped: {text[:80]!r}"
         elif echoes(text, f"{direction.action} {direction.tone}", names=own):
             reason = f"echoed the stage direction; turn skipped: {text[:80]!r}"
-        elif copies_voice(text, _round_voices(state["messages"])):
+        elif copies_voice(text, [m.text for m in round_messages(state["messages"])]):
             reason = f"repeated a voice heard this round; turn skipped: {text[:80]!r}"
         if reason:
             logger.warning("%s: %s", persona.id, reason)
@@ -112,14 +112,3 @@ def speaker_node(roster: Roster, persona: Persona, model: BaseChatModel) -> Node
         return finish(state, direction, reply, time.perf_counter() - start)
 
     return Node(persona.id, speak, aspeak)
-
-
-def _round_voices(messages: list[BaseMessage]) -> list[str]:
-    """The persona turns since the person's last message."""
-    voices: list[str] = []
-    for message in messages:
-        if message.type == "human":
-            voices = []
-        elif isinstance(message, AIMessage) and message.name:
-            voices.append(message.text)
-    return voices

@@ -64,15 +64,20 @@ def persona_speakers(state: DirectorState) -> list[str]:
     ]
 
 
-def round_speakers(messages: Sequence[AnyMessage]) -> list[str]:
-    """Persona ids that spoke since the person's last message, in order."""
-    heard: list[str] = []
+def round_messages(messages: Sequence[AnyMessage]) -> list[AIMessage]:
+    """The persona turns since the person's last message, in order."""
+    heard: list[AIMessage] = []
     for message in messages:
         if message.type == "human":
             heard = []
         elif isinstance(message, AIMessage) and message.name:
-            heard.append(message.name)
+            heard.append(message)
     return heard
+
+
+def round_speakers(messages: Sequence[AnyMessage]) -> list[str]:
+    """Persona ids that spoke since the person's last message, in order."""
+    return [str(message.name) for message in round_messages(messages)]
 
 
 def allowed_speakers(

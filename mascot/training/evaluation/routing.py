@@ -24,6 +24,7 @@ from mascot.graphs.director import Decider
 from mascot.messages import langchain_message
 from mascot.rosters import Roster
 from mascot.rosters.yaml_file import YamlFileError, read_yaml
+from mascot.training.jsonl import record_error
 
 PERSON = "person"
 logger = logging.getLogger(__name__)
@@ -69,8 +70,7 @@ def load_routing_set(roster: Roster, path: str | Path | None = None) -> list[Rou
     except YamlFileError as exc:
         raise RoutingError(str(exc)) from None
     except ValidationError as exc:
-        error = exc.errors()[0]
-        raise RoutingError(f"{path}: {'.'.join(map(str, error['loc']))}: {error['msg']}") from None
+        raise RoutingError(f"{path}: {record_error(exc)}") from None
     if data.roster != roster.id:
         raise RoutingError(f"{path}: a routing set of roster '{data.roster}', not '{roster.id}'")
     for point in data.points:

@@ -40,6 +40,7 @@ from mascot.rosters import Roster
 from mascot.rosters.yaml_file import YamlFileError, read_yaml
 from mascot.training.data.pairs import JudgedCandidate
 from mascot.training.evaluation.metrics import Embedder, default_embedder
+from mascot.training.jsonl import record_error
 from mascot.training.judging.judge import Judge
 from mascot.training.judging.judgement import Judgement
 from mascot.training.judging.metric_judge import GROUP, SANITY_FALLBACK_WEIGHT, metric_overalls
@@ -276,12 +277,7 @@ def _read(path: Path) -> _SanityFile:
     try:
         return _SanityFile.model_validate(data)
     except ValidationError as exc:
-        raise SanityError(f"{path}: {_first_error(exc)}") from None
-
-
-def _first_error(exc: ValidationError) -> str:
-    error = exc.errors()[0]
-    return f"field '{'.'.join(str(part) for part in error['loc']) or '(top level)'}': {error['msg']}"
+        raise SanityError(f"{path}: {record_error(exc)}") from None
 
 
 def _messages(turns: Sequence[Mapping[str, str]], roster: Roster, where: str) -> list[dict[str, str]]:
@@ -454,7 +450,7 @@ def read_sanity_report(path: str | Path) -> SanityReport:
     try:
         return SanityReport.model_validate_json(text)
     except ValidationError as exc:
-        raise SanityError(f"{path}: not a judge sanity report ({_first_error(exc)})") from None
+        raise SanityError(f"{path}: not a judge sanity report ({record_error(exc)})") from None
 
 
 def sanity_metric_weight(report: SanityReport) -> float:
