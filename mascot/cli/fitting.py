@@ -1,7 +1,7 @@
-"""The commands that fit LoRA adapters: ``mascot train-rm``, ``train-speakers`` and ``train-director``.
+"""The commands that fit LoRA adapters: ``mascot train-rm``, ``train-sft``, ``train-speakers`` and ``train-director``.
 
 Each reads a recipe with TRL's parser (``--config`` plus TRL flags such as
-``--learning_rate 1e-5``). ``train-rm`` saves a reward model under ``--out``; the other two
+``--learning_rate 1e-5``). ``train-rm`` saves a reward model under ``--out``; the others
 save one PEFT adapter per trained role under ``--out`` with an adapter card and register it
 in a policy file, so ``mascot chat --policies FILE`` runs on the new adapters. Run again
 after an interruption, they skip the adapters already finished and resume the interrupted
@@ -24,12 +24,25 @@ SHARED_ADAPTER = "speakers"
 
 
 def add_commands(commands: argparse._SubParsersAction) -> None:
-    """Add ``train-rm``, ``train-speakers`` and ``train-director`` to the command line."""
+    """Add ``train-rm``, ``train-sft``, ``train-speakers`` and ``train-director`` to the command line."""
     train_rm = commands.add_parser("train-rm", help="train a LoRA reward model on preference pairs")
     train_rm.add_argument("--pairs", required=True, metavar="DIR", help="folder from mascot pairs")
     add_recipe_flags(train_rm, "RewardModelConfig", "RewardConfig")
     train_rm.add_argument("--out", required=True, metavar="DIR")
     train_rm.set_defaults(run=_train_rm)
+
+    sft = commands.add_parser(
+        "train-sft", help="fit the warm start (SFT, LoRA) on the best-judged replies and directions")
+    sft.add_argument("--roster", required=True, metavar="ID_OR_PATH")
+    sft.add_argument("--pairs", metavar="DIR", help="persona pairs (mascot pairs): the speakers' adapter "
+                                                    f"'{SHARED_ADAPTER}' learns each context's best winner")
+    sft.add_argument("--group-pairs", metavar="DIR", help="group pairs of sibling blocks: the Director's adapter "
+                                                          "learns each decision point's best direction")
+    sft.add_argument("--blocks", metavar="FILE", help="the sibling blocks of --group-pairs (mascot blocks)")
+    sft.add_argument("--episodes", metavar="FILE", help="the episodes the blocks were played from (the "
+                                                        "Director's prompts)")
+    _add_common(sft, "WarmStartConfig", "SFTConfig")
+    sft.set_defaults(run=_train_sft)
 
     speakers = commands.add_parser(
         "train-speakers", help="fit a LoRA adapter per persona: GRPO on a persona RM, or DPO on pairs")
@@ -200,6 +213,72 @@ def _train_director(args: argparse.Namespace) -> int:
     return 0
 
 
+def _train_sft(args: argparse.Namespace) -> int:
+    from mascot.training.fitting.adapter_folder import AdapterFolderError, adapter_target, is_finished
+    from mascot.training.fitting.adapter_registry import register_adapter
+    from mascot.training.fitting.warm_start import (
+        WarmStartConfig,
+        WarmStartError,
+        director_rows,
+        speaker_rows,
+        train_warm_start,
+    )
+
+    roster = load_roster(args.roster)
+    if not args.pairs and not args.group_pairs:
+        raise UsageError("give --pairs (the speakers' warm start), --group-pairs (the Director's) or both")
+    if args.group_pairs and not (args.blocks and args.episodes):
+        raise UsageError("--group-pairs needs --blocks FILE and --episodes FILE (the directions and their prompts)")
+    config, base = recipe_from_args(WarmStartConfig, args)
+    policy_file = Path(args.policy_file or Path(args.out) / POLICY_FILE)
+    jobs = []
+    if args.pairs:
+        found = speaker_rows(_pairs(args.pairs, "--pairs"))
+        jobs.append((SHARED_ADAPTER, found, list(roster.persona_ids), args.pairs))
+    if args.group_pairs:
+        found = director_rows(_pairs(args.group_pairs, "--group-pairs"), _blocks(args.blocks),
+                              _director_prompts(args.episodes, roster))
+        jobs.append(("director", found, ["director"], args.group_pairs))
+    for name, found, roles, source in jobs:
+        left = ", ".join(f"{n} {k}" for k, n in sorted(found.faults.items())) or "none"
+        err.print(f"{name}: SFT on {len(found.rows)} of {found.contexts} contexts' best winners from {base} "
+                  f"(left out: faults {left}; invalid directions {found.invalid})", markup=False)
+        try:
+            target = adapter_target(args.out, name)
+            if is_finished(target) and not args.retrain:
+                err.print(f"{name}: already trained in {target} (--retrain to train again)", markup=False)
+            else:
+                run = train_warm_start(found.rows, base=base, name=name, out=args.out, config=config, data=source)
+                out.print(f"train-sft: {name} -> {run.out} ({run.data_size} rows, {run.steps} steps, token "
+                          f"accuracy {_number(run.reward_first)} -> {_number(run.reward_last)}, loss "
+                          f"{run.train_loss:.3f}, {run.seconds:.0f} s)", markup=False)
+        except (AdapterFolderError, WarmStartError, ValueError) as exc:
+            raise UsageError(f"{name}: {exc}") from None
+        if _main_process():
+            for role in roles:
+                register_adapter(policy_file, role, base=base, adapter=target, roster=roster)
+    out.print(f"train-sft: policy file {policy_file} (the candidate sampler: mascot candidates --policies "
+              f"{policy_file}; GRPO from it: --init_adapter {Path(args.out) / SHARED_ADAPTER})", markup=False)
+    return 0
+
+
+def _blocks(path: str) -> list[Any]:
+    from mascot.training.data.sibling_blocks import SiblingBlockError, read_block_candidates
+
+    if not Path(path).is_file():
+        raise UsageError(f"--blocks: no such file {path}")
+    try:
+        return read_block_candidates(path)
+    except SiblingBlockError as exc:
+        raise UsageError(f"--blocks: {exc}") from None
+
+
+def _director_prompts(path: str, roster: Roster) -> dict[str, Any]:
+    from mascot.training.data.block_rollout import decision_points
+
+    return {p.context_id: p.prompt for p in decision_points(_episodes(path, roster), roster)}
+
+
 def _has_turns(episodes: list[Any], persona: str) -> bool:
     return any(m.name == persona and m.stage_direction for e in episodes for m in e.messages)
 
@@ -225,7 +304,7 @@ def _episodes(path: str, roster: Roster | None = None) -> list[Any]:
     return episodes
 
 
-def _pairs(where: str | None) -> list[dict[str, Any]]:
+def _pairs(where: str | None, flag: str = "--pairs") -> list[dict[str, Any]]:
     from mascot.training.data.pairs import read_pairs
 
     if not where:
@@ -233,10 +312,10 @@ def _pairs(where: str | None) -> list[dict[str, Any]]:
     path = Path(where)
     path = path / "train.jsonl" if path.is_dir() else path
     if not path.is_file():
-        raise UsageError(f"--pairs: no such file {path}")
+        raise UsageError(f"{flag}: no such file {path}")
     rows = read_pairs(path)
     if not rows:
-        raise UsageError(f"--pairs: no pairs in {path}")
+        raise UsageError(f"{flag}: no pairs in {path}")
     return rows
 
 

@@ -1,20 +1,21 @@
 """One LoRA training run: every trainer of mascot loads, resumes, saves and describes itself here.
 
-Speaker GRPO, speaker DPO, the reward models and Director GRPO are each one ``fit_lora``
-call: the base model is resolved and loaded (a causal LM, or a sequence classifier with a
+Speaker GRPO, speaker DPO, the SFT warm start, the reward models and Director GRPO are each
+one ``fit_lora`` call: the base model is resolved and loaded (a causal LM, or a sequence classifier with a
 scalar ``score`` head for a reward model), the caller builds its TRL trainer on it, the run
 resumes from the last checkpoint under ``OUT/checkpoints/<name>/`` if an interrupted one
 left any, and the adapter is saved whole with one card, ``adapter_card.json`` plus a Hugging
 Face ``README.md``. The card has the same fields for every method:
 
-- ``method`` (``grpo``, ``dpo``, ``reward_model``), ``role`` (persona, ``director``, or the
-  reward model's folder name), ``base`` and ``thinking`` (the chat template's thinking
+- ``method`` (``grpo``, ``dpo``, ``sft``, ``reward_model``), ``role`` (persona, ``director``, or the
+  reward model's folder name), ``init_adapter`` (the adapter the run went on training, or
+  ``None`` for a new one), ``base`` and ``thinking`` (the chat template's thinking
   setting the prompts were rendered with);
 - ``data`` (what the rows came from) and ``data_size`` (the rows trained on: prompts,
   decision points or pairs, after the trainer dropped any too long);
 - ``steps``, ``train_loss``, and the reward curve: ``reward_metric`` (the logged value that
-  is the method's reward: GRPO's weighted ``reward``, DPO's implicit ``rewards/margins``, a
-  reward model's ``margin`` between chosen and rejected), ``rewards`` (one value per logging
+  is the method's reward: GRPO's weighted ``reward``, DPO's implicit ``rewards/margins``, SFT's
+  ``mean_token_accuracy``, a reward model's ``margin`` between chosen and rejected), ``rewards`` (one value per logging
   step), ``reward_first`` and ``reward_last`` (the means of its first and last quarter);
 - the method's own numbers (reward terms and weights, preference accuracies), ``seconds``,
   ``recipe`` (our settings and the trainer's), ``created_at`` and library ``versions``.
@@ -42,11 +43,12 @@ from mascot.training.fitting.recipe import LoraRecipe
 logger = logging.getLogger(__name__)
 
 #: The logged value that is each method's reward curve.
-REWARD_METRICS = {"grpo": "reward", "dpo": "rewards/margins", "reward_model": "margin"}
+REWARD_METRICS = {"grpo": "reward", "dpo": "rewards/margins", "reward_model": "margin",
+                  "sft": "mean_token_accuracy"}
 #: The TRL trainer behind each method, for the model card.
-TRAINERS = {"grpo": "GRPOTrainer", "dpo": "DPOTrainer", "reward_model": "RewardTrainer"}
+TRAINERS = {"grpo": "GRPOTrainer", "dpo": "DPOTrainer", "reward_model": "RewardTrainer", "sft": "SFTTrainer"}
 
-Method = Literal["grpo", "dpo", "reward_model"]
+Method = Literal["grpo", "dpo", "reward_model", "sft"]
 
 
 @dataclass(frozen=True)
@@ -88,7 +90,8 @@ def fit_lora(
         base: A local model directory or a cached Hub id.
         target: The adapter's folder (checked by the caller, e.g. ``adapter_target``);
             checkpoints go to ``checkpoint_dir(target)``, and a rerun resumes from the last.
-        method: ``grpo`` and ``dpo`` load a causal LM; ``reward_model`` a one-label
+        method: ``grpo``, ``dpo`` and ``sft`` load a causal LM (with ``recipe.init_adapter``
+            on it, trainable, when the recipe names one); ``reward_model`` a one-label
             sequence classifier in fp32, with the tokenizer's pad token set.
         recipe: Our settings; ``recipe.trainer_args`` gives the trainer's.
         build: ``(model, tokenizer, args) -> trainer``; the trainer gets the PEFT config
@@ -117,6 +120,8 @@ def fit_lora(
         raise error(f"the tokenizer of {base} has no chat template; conversational rows need one")
     with quiet_loading():
         model = load_base_model(source, method, tokenizer, bf16=bool(args.bf16))
+        if recipe.init_adapter:
+            model = _with_adapter(model, recipe.init_adapter, method, error)
         trainer = build(model, tokenizer, args)
         result = train_resuming(trainer)
     history = trainer.state.log_history
@@ -125,6 +130,7 @@ def fit_lora(
     thinking = getattr(args, "chat_template_kwargs", None) or chat_template_kwargs()
     card = {
         "method": method, "role": role or target.name, "base": base_reference(source),
+        "init_adapter": recipe.init_adapter,
         "thinking": bool(thinking.get("enable_thinking", False)),
         "data": data, "data_size": len(trainer.train_dataset),
         "steps": int(result.global_step), "train_loss": float(result.training_loss),
@@ -157,6 +163,18 @@ def load_base_model(source: str, method: Method, tokenizer: Any, *, bf16: bool =
         model = AutoModelForSequenceClassification.from_pretrained(source, num_labels=1, dtype=torch.float32)
     model.config.pad_token_id = tokenizer.pad_token_id
     return model
+
+
+def _with_adapter(model: Any, folder: str, method: Method, error: type[Exception]) -> Any:
+    """``model`` with the saved LoRA adapter in ``folder`` on it, trainable: the run goes on
+    training that adapter (``trainer(peft_config=None)``) instead of starting a new one."""
+    from peft import PeftModel
+
+    if method == "reward_model":
+        raise error("init_adapter: a reward model starts from its base (a warm start is for Director and speakers)")
+    if not (Path(folder) / "adapter_config.json").is_file():
+        raise error(f"init_adapter: no LoRA adapter in {folder} (no adapter_config.json)")
+    return PeftModel.from_pretrained(model, folder, is_trainable=True)
 
 
 def _curve(history: Sequence[Mapping[str, Any]], metric: str, fraction: float = 0.25) -> dict[str, Any]:

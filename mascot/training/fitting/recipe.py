@@ -43,6 +43,9 @@ class LoraRecipe:
         lora_alpha: LoRA scaling numerator.
         lora_dropout: LoRA dropout.
         lora_target_modules: Module names to adapt, or ``"all-linear"``.
+        init_adapter: A saved LoRA adapter folder to go on training (e.g. ``mascot
+            train-sft``'s warm start) instead of a new adapter; its own rank, scaling and
+            target modules then replace the four settings above.
         training: The trainer's TRL config used as is, or a mapping of its fields laid
             over the entrypoint's CPU-safe defaults, or ``None`` for the defaults.
     """
@@ -60,6 +63,7 @@ class LoraRecipe:
     lora_alpha: int = 32
     lora_dropout: float = 0.05
     lora_target_modules: list[str] | str = "all-linear"
+    init_adapter: str | None = None
     training: Any = None
 
     def __post_init__(self) -> None:
@@ -81,8 +85,11 @@ class LoraRecipe:
                     f"training: unknown trl.{self.trainer_config.__name__} field(s) {', '.join(unknown)}"
                 )
 
-    def lora_config(self) -> LoraConfig:
-        """The PEFT configuration (task ``lora_task``)."""
+    def lora_config(self) -> LoraConfig | None:
+        """The PEFT configuration of a new adapter (task ``lora_task``), or ``None`` when the
+        run goes on training ``init_adapter`` (the trainer then gets the model with it)."""
+        if self.init_adapter:
+            return None
         return LoraConfig(task_type=self.lora_task, r=self.lora_r, lora_alpha=self.lora_alpha,
                           lora_dropout=self.lora_dropout, target_modules=self.lora_target_modules)
 
