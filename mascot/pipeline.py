@@ -98,6 +98,9 @@ class PipelineRecipe(_Section):
     candidates: int = Field(default=3, ge=2)
     min_margin: float = Field(default=0.5, ge=0)
     reward_models: TrainStage = Field(default_factory=TrainStage, alias="reward-models")
+    # the SFT warm start (train-sft) on the best-judged replies and directions: when given,
+    # speaker and Director training go on from its adapters and eval runs it as "sft"
+    sft: TrainStage | None = None
     speakers: SpeakerStage = Field(default_factory=SpeakerStage)
     director: DirectorStage = Field(default_factory=DirectorStage)
     eval: EvalStage = Field(default_factory=EvalStage)
@@ -181,21 +184,28 @@ def stages(recipe: PipelineRecipe, base: Path) -> list[tuple[str, list[str]]]:
         ("group-rm", ["train-rm", "--pairs", str(out / "group-pairs"), "--base", model,
                       *_recipe(recipe.reward_models, base), "--out", str(out / "rm-group")]),
     ]
+    warm = {}
+    if recipe.sft is not None:
+        plan.append(("sft", ["train-sft", *roster, "--base", model, "--pairs", str(out / "pairs"), "--group-pairs",
+                             str(out / "group-pairs"), "--blocks", str(out / "blocks.jsonl"), "--episodes", episodes,
+                             *_recipe(recipe.sft, base), "--out", str(out / "sft")]))
+        warm = {role: ["--init_adapter", str(out / "sft" / role)] for role in ("speakers", "director")}
     speakers = ["train-speakers", *roster, "--base", model, "--out", str(out / "adapters")]
     if recipe.speakers.method == "dpo":
         speakers += ["--method", "dpo", "--pairs", str(out / "pairs")]
     else:
         speakers += ["--episodes", episodes, "--rm", str(out / "rm-persona")]
-    plan.append(("speakers", [*speakers, *_recipe(recipe.speakers, base)]))
+    plan.append(("speakers", [*speakers, *_recipe(recipe.speakers, base), *warm.get("speakers", [])]))
     director = ["train-director", *roster, "--base", model, "--episodes", episodes, "--group-rm",
                 str(out / "rm-group"), "--speakers", str(out / "adapters" / "policies.yaml"), "--out",
                 str(out / "adapters")]
     if recipe.director.block_turns:
         director += ["--block-turns", str(recipe.director.block_turns)]
-    plan.append(("director", [*director, *_recipe(recipe.director, base)]))
+    plan.append(("director", [*director, *_recipe(recipe.director, base), *warm.get("director", [])]))
     e = recipe.eval
     plan.append(("eval", ["eval", *roster, "--policies", str(out / "adapters" / "policies.yaml"),
                           "--baselines", ",".join(e.baselines), *(["--ablations"] if e.ablations else []),
+                          *(["--sft", str(out / "sft" / "policies.yaml")] if recipe.sft is not None else []),
                           *_file_flag("--scenarios", e.scenarios, base),
                           "--episodes", str(e.episodes), "--max-rounds", str(e.max_rounds),
                           *_budget_flag(e.max_tokens), "--rubrics", ",".join(e.rubrics), "--concurrency", str(e.concurrency),
@@ -315,7 +325,7 @@ def _lora_rank(recipe: PipelineRecipe, base: Path) -> int:
     """The largest LoRA rank the training stages use (``lora_r`` of their recipes or flags),
     so the pipeline's vLLM servers take the adapters they train."""
     ranks = [16]
-    for stage in (recipe.speakers, recipe.director):
+    for stage in (recipe.speakers, recipe.director, *([recipe.sft] if recipe.sft else [])):
         flags = stage.flags
         if "--lora_r" in flags[:-1] and flags[flags.index("--lora_r") + 1].isdigit():
             ranks.append(int(flags[flags.index("--lora_r") + 1]))

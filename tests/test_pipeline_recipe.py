@@ -40,6 +40,24 @@ def test_app_logs_recipe_turns_into_mascot_commands(tmp_path: Path) -> None:
     assert plan["persona-rm"][plan["persona-rm"].index("--base") + 1] == "Qwen/Qwen3-0.6B"
 
 
+def test_a_warm_start_stage_is_where_training_starts_and_an_eval_system(tmp_path: Path) -> None:
+    recipe = load_recipe(write(tmp_path, {**RECIPE, "sft": {"config": "sft.yaml", "flags": ["--lora_r", "32"]}}))
+    plan = dict(stages(recipe, tmp_path))
+    names = list(plan)
+    assert names.index("group-pairs") < names.index("sft") < names.index("speakers")
+    sft = plan["sft"]
+    for flag, value in (("--pairs", "pairs"), ("--group-pairs", "group-pairs"), ("--blocks", "blocks.jsonl"),
+                        ("--out", "sft")):
+        assert sft[sft.index(flag) + 1] == str(tmp_path / "run" / value)
+    assert plan["speakers"][-2:] == ["--init_adapter", str(tmp_path / "run" / "sft" / "speakers")]
+    assert plan["director"][-2:] == ["--init_adapter", str(tmp_path / "run" / "sft" / "director")]
+    assert plan["eval"][plan["eval"].index("--sft") + 1] == str(tmp_path / "run" / "sft" / "policies.yaml")
+    from mascot.pipeline import _lora_rank
+
+    assert _lora_rank(recipe, tmp_path) == 32  # the vLLM servers take the warm start's rank
+    assert "--sft" not in dict(stages(load_recipe(write(tmp_path, RECIPE)), tmp_path))["eval"]
+
+
 @pytest.mark.parametrize(("change", "message"), [
     ({"rollout": {"episodes": 2}}, "exactly one episode source"),
     ({"import-logs": None}, "exactly one episode source"),

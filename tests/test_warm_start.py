@@ -135,3 +135,33 @@ def test_train_sft_fits_both_adapters_and_grpo_goes_on_from_one(tiny_model: Path
 def test_train_sft_usage_errors(args: list[str], message: str, tmp_path: Path) -> None:
     result = mascot("train-sft", *ROSTER, "--out", str(tmp_path / "sft"), *args, ok=False)
     assert result.returncode == 2 and message in result.stderr and "Traceback" not in result.stderr
+
+
+def test_eval_runs_the_warm_start_as_the_sft_system_under_the_same_budgets(tiny_model: Path, sft_data: Path) -> None:
+    sft = sft_data / "sft" / "policies.yaml"
+    if not sft.is_file():  # the warm start of the test above, smaller when this test runs alone
+        mascot("train-sft", *ROSTER, "--base", str(tiny_model), "--pairs", str(sft_data / "pairs"), "--out",
+               str(sft_data / "sft"), "--lora_r", "4", "--max_steps", "1")
+    out = sft_data / "eval"
+    result = mascot("eval", *ROSTER, "--policies", str(tiny_model / "policies.yaml"), "--sft", str(sft),
+                    "--baselines", "untrained_director", "--episodes", "1", "--max-rounds", "2",
+                    "--max-tokens", "speakers=6,director=40,user=7", "--rubrics", "persona",
+                    "--metrics-only", "trained,sft,untrained_director", "--judge-model", str(tiny_model),
+                    "--out", str(out))
+    assert (out / "episodes" / "sft.jsonl").is_file(), result.stderr[-2000:]
+    sft_turns = [m for line in (out / "episodes" / "sft.jsonl").read_text().splitlines()
+                 for m in json.loads(line)["messages"] if m.get("name") == "anchor" or m.get("name") == "beacon"]
+    assert all(m["policy"]["adapter"] == "speakers" for m in sft_turns if m.get("policy"))
+    setup = json.loads((out / "results.json").read_text())["setup"]
+    assert setup["systems"][:2] == ["trained", "sft"]
+    assert setup["reply_budgets"]["anchor"] == 6 and setup["reply_budgets"]["user"] == 7
+    assert setup["max_rounds"] == 2
+    # the baseline on the bare base writes under the same budgets: no reply longer than 6 tokens
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(tiny_model / "qwen3") if (tiny_model / "qwen3").is_dir() else None
+    if tokenizer is not None:
+        for line in (out / "episodes" / "untrained_director.jsonl").read_text().splitlines():
+            for m in json.loads(line)["messages"]:
+                if m["role"] == "assistant" and m.get("name") in ("anchor", "catalyst", "beacon", "action_guide"):
+                    assert len(tokenizer(m["content"])["input_ids"]) <= 8, m["content"]

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 from pathlib import Path
+from typing import Any
 
 from mascot.cli.options import (
     UsageError,
@@ -31,6 +32,8 @@ def add_commands(commands: argparse._SubParsersAction) -> None:
                           help="baselines to run (default all: zero_shot,round_robin,random,untrained_director,"
                                "all_speak); '' for none")
     evaluate.add_argument("--ablations", action="store_true", help="also run no_alignment and no_director")
+    evaluate.add_argument("--sft", metavar="FILE", help="the warm start's policy file (mascot train-sft): also run "
+                                                        "it as the system 'sft', the SFT baseline")
     evaluate.add_argument("--scenarios", metavar="FILE", help="held-out scenarios (default: the roster's)")
     evaluate.add_argument("--profiles", metavar="FILE", help="user profiles (default: the roster's)")
     evaluate.add_argument("--episodes", type=positive, default=8, metavar="N", help="episodes per system")
@@ -55,6 +58,11 @@ def add_commands(commands: argparse._SubParsersAction) -> None:
     evaluate.set_defaults(run=_eval)
 
 
+def reply_budgets(policies: Any, roster: Any) -> dict[str, int]:
+    """Each role's reply budget in tokens (the same for every system), for the results."""
+    return {role: policies.max_tokens(role) for role in ("director", "user", *roster.persona_ids)}
+
+
 def _eval(args: argparse.Namespace) -> int:
     from mascot.policies import Policies
     from mascot.training.evaluation.comparison import ABLATIONS, BASELINE_SYSTEMS, EvalPlan, evaluate
@@ -70,7 +78,13 @@ def _eval(args: argparse.Namespace) -> int:
     trained = Policies.from_file(args.policies, roster, seed=args.seed)
     trained = on_engine(args, with_budgets(trained, args.max_tokens))
     baselines = BASELINE_SYSTEMS if args.baselines is None else [s for s in args.baselines.split(",") if s]
-    systems = ["trained", *baselines, *(ABLATIONS if args.ablations else ())]
+    systems = ["trained", *(["sft"] if args.sft else []), *baselines, *(ABLATIONS if args.ablations else ())]
+    sft = None
+    if args.sft:
+        if not Path(args.sft).is_file():
+            raise UsageError(f"--sft: no such file {args.sft}")
+        sft = on_engine(args, with_budgets(Policies.from_file(args.sft, roster, seed=args.seed), args.max_tokens))
+        mask_secrets_in_logs(sft)
     scenarios = load_scenarios(args.scenarios) if args.scenarios else roster_scenarios(args.roster, "eval")
     profiles = load_profiles(args.profiles) if args.profiles else list(roster.user_profiles)
     judge_policies = on_engine(args, judge_policies_from_args(args, roster))
@@ -93,7 +107,7 @@ def _eval(args: argparse.Namespace) -> int:
                   for rubric in rubrics}
         try:
             scores = evaluate(roster, trained, systems=systems, plan=plan, judges=judges, out=folder,
-                              unjudged=[name for name in args.metrics_only.split(",") if name],
+                              unjudged=[name for name in args.metrics_only.split(",") if name], sft=sft,
                               retry=model_retry_policy(3), on_stage=lambda line: err.print(line, markup=False))
         except ValueError as exc:
             raise UsageError(str(exc)) from None
@@ -101,7 +115,8 @@ def _eval(args: argparse.Namespace) -> int:
     base = trained.spec("default").model
     summary["setup"] = {"roster": roster.id, "policies": str(args.policies), "base_model": base,
                         "judge": judge_name, "episodes_per_system": args.episodes, "seed": args.seed,
-                        "systems": systems}
+                        "systems": systems, "max_rounds": args.max_rounds, "max_speakers": args.max_speakers,
+                        "reply_budgets": reply_budgets(trained, roster)}
     header = (f"Roster `{roster.id}`; trained policies `{args.policies}`; base model of every system "
               f"`{base}`; judge `{judge_name}`; {args.episodes} episodes per system (the same scenarios, "
               f"people and seed {args.seed} for all); mean ± sd over episodes, n = episodes behind each cell.")

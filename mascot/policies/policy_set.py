@@ -92,7 +92,9 @@ class Policies:
         return spec
 
     def without_adapters(self) -> Policies:
-        """Every role on the bare base of this file's ``default`` role (adapters off).
+        """Every role on the bare base of this file's ``default`` role (adapters off), each
+        with its own reply budget (``max_tokens``), so a baseline writes under the same
+        budgets as the trained roles.
 
         A local base is not loaded twice: the new policies answer from this object's
         backend (one copy of the weights), loaded here first if it was not yet.
@@ -110,7 +112,9 @@ class Policies:
                 raise PolicyError("on an engine, the bare base is served by the 'default' role's name: "
                                   "give 'default' no adapter (name the roles that use one)")
             origin = Policies({"default": local}, self.roster, seed=self.seed)
-        bare = Policies({"default": spec}, self.roster, seed=self.seed, http_client=self._http_client,
+        budgets = {role: spec.model_copy(update={"max_tokens": given.max_tokens})
+                   for role, given in self.specs.items() if role != "default" and given.max_tokens != spec.max_tokens}
+        bare = Policies({"default": spec, **budgets}, self.roster, seed=self.seed, http_client=self._http_client,
                         http_async_client=self._http_async_client, origin=origin)
         bare._backends = self._backends
         return bare

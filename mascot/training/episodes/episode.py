@@ -181,10 +181,12 @@ def _message(message: BaseMessage, policies: Mapping[str, TurnPolicy]) -> Episod
         return None  # tool traffic is not conversation
     meta = message.response_metadata or {}
     role = policies.get(message.name or "") or TurnPolicy()
+    # the role's record names the adapter by its folder; a backend's own name for a shared
+    # adapter is the first role it was loaded for, which would credit one persona's name
     policy = TurnPolicy(
         model=meta.get("model_name") or role.model,
-        adapter=meta.get("adapter") or role.adapter,
-        adapter_version=meta.get("adapter_version") or role.adapter_version,
+        adapter=role.adapter or meta.get("adapter"),
+        adapter_version=role.adapter_version or meta.get("adapter_version"),
     )
     usage = message.usage_metadata
     direction = message.additional_kwargs.get("stage_direction")

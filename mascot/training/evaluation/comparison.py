@@ -10,6 +10,8 @@ the policy file's ``default`` role), so only training and direction differ:
 - ``round_robin``, ``random``, ``all_speak``: the untrained personas in fixed, random, or
   everyone-speaks order.
 - ``untrained_director``: the director graph with the untrained base for every role.
+- ``sft``: the director graph on the SFT warm start's policy file (``mascot train-sft``),
+  the paper's SFT baseline.
 - Ablations ``no_alignment`` (untrained speakers, trained Director) and ``no_director``
   (trained speakers, random order).
 
@@ -53,6 +55,8 @@ BASELINE_SYSTEMS = ("zero_shot", "round_robin", "random", "untrained_director", 
 COMPLIANCE = "direction"
 #: Ablations of the trained system.
 ABLATIONS = ("no_alignment", "no_director")
+#: The SFT warm start's system (the paper's SFT baseline).
+SFT_SYSTEM = "sft"
 
 
 @dataclass(frozen=True)
@@ -71,20 +75,27 @@ class EvalPlan:
 
 
 def system_graphs(
-    roster: Roster, trained: Policies, *, systems: Sequence[str], plan: EvalPlan, retry: RetryPolicy | None = None
+    roster: Roster, trained: Policies, *, systems: Sequence[str], plan: EvalPlan, retry: RetryPolicy | None = None,
+    sft: Policies | None = None,
 ) -> dict[str, tuple[str, Any, dict[str, TurnPolicy]]]:
     """The graph of each system (``trained``, baselines, ablations by name).
+
+    Args:
+        sft: The warm start's policies, which the ``sft`` system runs.
 
     Returns:
         Name -> (kind, compiled-ready graph builder, the policy record of each role).
 
     Raises:
-        ValueError: on an unknown system name (the message lists the valid ones).
+        ValueError: on an unknown system name (the message lists the valid ones), or
+            ``sft`` without its policies.
     """
-    valid = ("trained", *BASELINE_SYSTEMS, *ABLATIONS)
+    valid = ("trained", SFT_SYSTEM, *BASELINE_SYSTEMS, *ABLATIONS)
     unknown = [s for s in systems if s not in valid]
     if unknown:
         raise ValueError(f"unknown system(s) {', '.join(unknown)}; valid: {', '.join(valid)}")
+    if SFT_SYSTEM in systems and sft is None:
+        raise ValueError("the sft system needs the warm start's policy file (mascot train-sft)")
     base = trained.without_adapters()
     user = trained.chat_model("user")
     common = {"user": user, "max_rounds": plan.max_rounds, "max_speakers_per_round": plan.max_speakers,
@@ -103,6 +114,7 @@ def system_graphs(
         "random": lambda: create_baseline_graph("random", roster, speakers=base.speakers(), seed=plan.seed, **common),
         "all_speak": lambda: create_baseline_graph("all", roster, speakers=base.speakers(), seed=plan.seed, **common),
         "untrained_director": lambda: director(base, base.speakers()),
+        SFT_SYSTEM: lambda: director(sft, sft.speakers()),
         "no_alignment": lambda: director(trained, base.speakers()),
         "no_director": lambda: create_baseline_graph("random", roster, speakers=trained.speakers(), seed=plan.seed,
                                                      **common),
@@ -111,7 +123,7 @@ def system_graphs(
     graphs = {}
     for name in systems:
         kind = "trained" if name == "trained" else "ablation" if name in ABLATIONS else "baseline"
-        source = {"trained": trained, "no_alignment": trained, "no_director": trained}.get(name, base)
+        source = {"trained": trained, "no_alignment": trained, "no_director": trained, SFT_SYSTEM: sft}.get(name, base)
         records = {role: TurnPolicy(**source.record(role)) for role in roles}
         if name == "no_alignment":
             records.update({p: TurnPolicy(**base.record(p)) for p in roster.persona_ids})
@@ -218,6 +230,7 @@ def evaluate(
     retry: RetryPolicy | None = None,
     on_stage: Callable[[str], None] = lambda stage: None,
     unjudged: Sequence[str] = (),
+    sft: Policies | None = None,
 ) -> list[SystemScores]:
     """Run, judge and measure every system; one event loop for the whole evaluation.
 
@@ -232,12 +245,13 @@ def evaluate(
         retry: Retry policy of the graphs' model calls.
         on_stage: Called with a line at each stage (progress).
         unjudged: Systems measured by the automatic metrics only (no judge calls).
+        sft: The warm start's policies, for the ``sft`` system.
 
     Returns:
         The scores of every system, in ``systems`` order.
     """
     out = Path(out)
-    graphs = system_graphs(roster, trained, systems=systems, plan=plan, retry=retry)
+    graphs = system_graphs(roster, trained, systems=systems, plan=plan, retry=retry, sft=sft)
     rubrics = {rubric_id: judge.rubric for rubric_id, judge in judges.items()}
 
     async def run_all() -> list[tuple[str, str, list[Episode], list[dict[str, Any]]]]:
@@ -260,12 +274,13 @@ def evaluate(
             on_stage(f"routing accuracy not measured: {exc}")
             return {}
         routed: dict[str, dict[str, dict[str, object]]] = {}
-        asked: dict[bool, dict[str, dict[str, object]]] = {}  # trained or bare Director -> its answers
+        asked: dict[str, dict[str, dict[str, object]]] = {}  # whose Director -> its answers
+        sources = {"trained": trained, "base": trained.without_adapters(), SFT_SYSTEM: sft}
         for name in systems:
             if name in MODEL_DIRECTORS:
                 if MODEL_DIRECTORS[name] not in asked:
                     on_stage(f"{name}: routing {len(points)} decision points")
-                    source = trained if MODEL_DIRECTORS[name] else trained.without_adapters()
+                    source = sources[MODEL_DIRECTORS[name]]
                     asked[MODEL_DIRECTORS[name]] = await routing_results(
                         source.chat_model("director"), roster, points, concurrency=plan.concurrency,
                         max_speakers_per_round=plan.max_speakers)
@@ -290,8 +305,8 @@ def evaluate(
     return scores
 
 
-#: The systems whose Director is a model, and whether it is the trained one (else the bare base).
-MODEL_DIRECTORS = {"trained": True, "no_alignment": True, "untrained_director": False}
+#: The systems whose Director is a model, and whose: the trained policy file's, the bare base's or the warm start's.
+MODEL_DIRECTORS = {"trained": "trained", "no_alignment": "trained", "untrained_director": "base", SFT_SYSTEM: SFT_SYSTEM}
 
 
 def _with_assistant(roster: Roster) -> Roster:
