@@ -196,7 +196,7 @@ def stages(recipe: PipelineRecipe, base: Path) -> list[tuple[str, list[str]]]:
     else:
         speakers += ["--episodes", episodes, "--rm", str(out / "rm-persona")]
     plan.append(("speakers", [*speakers, *_recipe(recipe.speakers, base), *warm.get("speakers", [])]))
-    director = ["train-director", *roster, "--base", model, "--episodes", episodes, "--group-rm",
+    director = ["train-director", *roster, *engine, "--base", model, "--episodes", episodes, "--group-rm",
                 str(out / "rm-group"), "--speakers", str(out / "adapters" / "policies.yaml"), "--out",
                 str(out / "adapters")]
     if recipe.director.block_turns:

@@ -29,6 +29,21 @@ def test_bootstrap_finds_a_known_difference() -> None:
         bootstrap_difference({}, base)
 
 
+def test_a_clustered_bootstrap_is_wider_when_the_difference_lives_in_the_scenarios() -> None:
+    rng = random.Random(1)
+    # 8 scenarios x 6 people: the gain is the scenario's (shared by its episodes), not the episode's
+    gains = {s: rng.gauss(2, 6) for s in range(8)}
+    clusters = {f"s{s}-p{p}": f"s{s}" for s in range(8) for p in range(6)}
+    base = {k: 50.0 for k in clusters}
+    better = {k: 50.0 + gains[int(c[1:])] + rng.gauss(0, 0.5) for k, c in clusters.items()}
+    naive, clustered = bootstrap_difference(better, base), bootstrap_difference(better, base, clusters=clusters)
+    assert clustered.estimate == pytest.approx(naive.estimate) and clustered.n == naive.n == 48
+    # 48 episodes look like 48 draws; there are 8: the honest interval is about sqrt(6) wider
+    assert (clustered.high - clustered.low) > 2 * (naive.high - naive.low)
+    with pytest.raises(ValueError, match="no cluster"):
+        bootstrap_difference(better, base, clusters={"s0-p0": "s0"})
+
+
 def systems() -> list[SystemScores]:
     ids = [f"e{i}" for i in range(10)]
     def table(offset: float) -> dict:

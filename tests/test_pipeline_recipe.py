@@ -116,11 +116,12 @@ def test_the_engine_key_reaches_every_generating_stage(tmp_path: Path) -> None:
     from mascot.cli.pipeline import demo_recipe
 
     generating = {"rollout", "blocks", "judge-blocks", "judge-sanity-persona", "judge-sanity-group", "candidates",
-                  "judge-candidates", "eval"}
+                  "judge-candidates", "eval", "director"}
     recipe = {**demo_recipe("some/model", judge_url=None), "engine": "vllm"}
     plan = dict(stages(load_recipe(write(tmp_path, recipe)), tmp_path))
     on_vllm = {name for name, argv in plan.items() if "--engine" in argv and argv[argv.index("--engine") + 1] == "vllm"}
-    assert on_vllm == generating  # training stages generate inside TRL, not on a server
+    # training stages generate inside TRL; the Director's blocks play its speakers on the server
+    assert on_vllm == generating
     plan = dict(stages(load_recipe(write(tmp_path, {**recipe, "engine": "local"})), tmp_path))
     assert not [name for name, argv in plan.items() if "--engine" in argv]  # local: the commands as before
     with pytest.raises(PipelineError, match="engine"):

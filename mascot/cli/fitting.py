@@ -14,7 +14,15 @@ import argparse
 from pathlib import Path
 from typing import Any
 
-from mascot.cli.options import UsageError, add_recipe_flags, err, mask_secrets_in_logs, out, recipe_from_args
+from mascot.cli.options import (
+    UsageError,
+    add_recipe_flags,
+    err,
+    mask_secrets_in_logs,
+    on_engine,
+    out,
+    recipe_from_args,
+)
 from mascot.rosters import Roster, load_roster
 
 #: Policy file written under ``--out`` when ``--policy-file`` is not given.
@@ -66,6 +74,9 @@ def add_commands(commands: argparse._SubParsersAction) -> None:
     director.add_argument("--speakers", required=True, metavar="POLICIES",
                           help="policy file of the speakers (and the user simulator) that play the blocks")
     director.add_argument("--block-turns", type=int, metavar="N", help="turns played per sampled direction")
+    director.add_argument("--engine", choices=("local", "vllm"), default="local",
+                          help="what plays the blocks' speakers and user: in process (local), or vLLM servers "
+                               "started for the command (or the pipeline's); the Director trains in process")
     _add_common(director, "DirectorTrainingConfig", "GRPOConfig")
     director.set_defaults(run=_train_director)
 
@@ -180,7 +191,7 @@ def _train_director(args: argparse.Namespace) -> int:
             group_rm = RewardModel.load(args.group_rm)
         except RewardModelError as exc:
             raise UsageError(f"--group-rm: {exc}") from None
-    policies = Policies.from_file(args.speakers, roster)
+    policies = on_engine(args, Policies.from_file(args.speakers, roster))
     mask_secrets_in_logs(policies)
     try:
         target = adapter_target(args.out, "director")

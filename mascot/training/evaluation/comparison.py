@@ -170,7 +170,8 @@ def system_scores(name: str, kind: str, episodes: Sequence[Episode], judgements:
                   roster: Roster, rubrics: dict[str, Rubric], embedder: Embedder | None = None) -> SystemScores:
     """Per-episode values of every table column: judge criteria on 0-100 (mean over the
     episode's judged replies or blocks), ``overall``, and the automatic metrics."""
-    scores = SystemScores(name=name, kind=kind)
+    scores = SystemScores(name=name, kind=kind,
+                          clusters={e.id: e.scenario.id if e.scenario else e.id for e in episodes})
     judged: dict[tuple[str, str], list[dict[str, Any]]] = {}
     for j in judgements:
         if j.get("status") == "ok":

@@ -61,16 +61,19 @@ class SystemScores:
         kind: ``trained``, ``baseline`` or ``ablation``.
         tables: Table (``persona``, ``group``, ``metrics``) -> column -> episode id -> value.
         redundancy_by_position: Mean redundancy of the k-th voice of a round (k = 2, 3, ...).
+        clusters: Episode id -> scenario id: differences are bootstrapped by whole scenario.
     """
 
     name: str
     kind: str
     tables: dict[str, dict[str, dict[str, float]]] = field(default_factory=dict)
     redundancy_by_position: dict[int, float] = field(default_factory=dict)
+    clusters: dict[str, str] = field(default_factory=dict)
 
 
 def summarize(systems: Sequence[SystemScores], *, seed: int = 0) -> dict[str, Any]:
-    """Means, sds, counts, and the trained system's bootstrap difference to the best baseline.
+    """Means, sds, counts, and the trained system's bootstrap difference to the best baseline
+    (resampled by scenario where the systems know their episodes' scenarios).
 
     Returns:
         The content of ``results.json``.
@@ -96,11 +99,15 @@ def summarize(systems: Sequence[SystemScores], *, seed: int = 0) -> dict[str, An
                 continue
             pick = min if column in LOWER_IS_BETTER else max
             best = pick(candidates, key=lambda b: _mean(b.tables[table][column].values()))
-            difference = bootstrap_difference(values, best.tables[table][column], seed=seed)
+            clusters = {**best.clusters, **trained.clusters}
+            paired = set(values) & set(best.tables[table][column])
+            difference = bootstrap_difference(values, best.tables[table][column], seed=seed,
+                                              clusters=clusters if paired and paired <= set(clusters) else None)
             summary["differences"].setdefault(table, {})[column] = {
                 "best_baseline": best.name, "difference": difference.estimate, "low": difference.low,
                 "high": difference.high, "level": difference.level, "n": difference.n,
                 "paired": difference.paired, "significant": difference.significant,
+                "clustered_by_scenario": bool(paired) and paired <= set(clusters),
             }
     return summary
 
