@@ -48,14 +48,22 @@ from mascot.training.judging.rubric import load_rubric
 
 HERE = Path(__file__).resolve().parent / "learning"
 ROOT = HERE.parent.parent
-#: Evaluated systems: name in the report -> name in ``mascot eval``.
-SYSTEMS = {"untrained": "untrained_director", "trained": "trained", "round_robin": "round_robin"}
-#: Metrics compared, and whether lower is better.
+#: Evaluated systems: name in the report -> name in ``mascot eval`` (the paper's SFT baseline and
+#: both ablations included).
+SYSTEMS = {"untrained": "untrained_director", "sft": "sft", "trained": "trained", "no_alignment": "no_alignment",
+           "no_director": "no_director", "round_robin": "round_robin"}
+#: Metrics compared, and whether lower is better (redundancy is over rounds of two or more voices).
 METRICS = {"redundancy": True, "distinct_2": False, "mean_reply_tokens": False, "speaker_balance": False,
            "persona_identifiability": False, "fallback_rate": True, "consecutive_same_persona": True}
+#: Guard metrics compared (``mascot.training.evaluation.guards``, as shares 0-1; routing in %), lower is better?
+GUARDS = {"voices_per_round": False, "multi_voice_rounds": False, "reply_words": False, "refusal_rate": True,
+          "echo_rate": True, "as_person_rate": True, "skipped_turns": True, "copied_actions": True,
+          "first_offered": True, "offered_voices": False, "routing_accuracy": False, "routing_misfits": True}
 #: --quick: every stage, smallest sizes.
 QUICK = {"rollout": {"episodes": 2}, "group-blocks": {"g": 2, "max_points": 2}, "candidates": 2,
          "eval": {"episodes": 2}, "steps": 1}
+#: Bootstrap resamples whole held-out scenarios (several people play each).
+CLUSTER = "scenario"
 
 
 def main() -> int:
@@ -111,7 +119,7 @@ def write_run(work: Path, model: Path, *, quick: bool, judge: Path | None = None
         raise SystemExit("split.json: a scenario is both train and held out")
     recipe["model"] = str(model)
     recipe["judge"]["model"] = str(judge or model)
-    for name in ("rm.yaml", "speakers.yaml", "director.yaml"):
+    for name in ("rm.yaml", "sft.yaml", "speakers.yaml", "director.yaml"):
         config = yaml.safe_load((HERE / name).read_text(encoding="utf-8"))
         if quick:
             config.pop("num_train_epochs", None)
@@ -139,10 +147,14 @@ def analyse(work: Path, model: Path, *, timings: dict[str, float], quick: bool,
     tokenizer = AutoTokenizer.from_pretrained(model)
     rubrics = {r: load_rubric(r) for r in recipe["eval"]["rubrics"]}
     per_episode: dict[str, dict[str, dict[str, float]]] = {}
+    clusters: dict[str, str] = {}
+    routing_rows: dict[str, dict[str, float]] = {}
     by_position: dict[str, dict[str, float]] = {}
     speakers: dict[str, dict[str, int]] = {}
     episodes: dict[str, list[Episode]] = {}
     for name, eval_name in SYSTEMS.items():
+        if not (work / "eval" / "episodes" / f"{eval_name}.jsonl").is_file():
+            continue  # a system this recipe does not run
         episodes[name] = read_episodes(work / "eval" / "episodes" / f"{eval_name}.jsonl")
         held = {e.scenario.id for e in episodes[name] if e.scenario}
         if held - set(split["heldout"]):
@@ -152,6 +164,14 @@ def analyse(work: Path, model: Path, *, timings: dict[str, float], quick: bool,
         scores = system_scores(name, "trained" if name == "trained" else "baseline", episodes[name], judgements,
                                roster=roster, rubrics=rubrics)
         values = {m: dict(v) for m, v in scores.tables["metrics"].items()}
+        values.update({m: dict(v) for m, v in scores.tables.get("guards", {}).items()})
+        clusters.update(scores.clusters)
+        routing = work / "eval" / "routing" / f"{eval_name}.json"
+        if routing.is_file():  # per routing point, not per episode: summarised, not bootstrapped
+            routed = json.loads(routing.read_text(encoding="utf-8"))
+            routing_rows[name] = {"accuracy": sum(bool(r["right"]) for r in routed.values()) / len(routed),
+                                  "misfits": sum(bool(r["misfit"]) for r in routed.values()) / len(routed),
+                                  "points": len(routed)}
         for rubric in rubrics:
             values[f"{rubric}_overall"] = dict(scores.tables.get(rubric, {}).get("overall", {}))
         for episode in episodes[name]:
@@ -166,21 +186,33 @@ def analyse(work: Path, model: Path, *, timings: dict[str, float], quick: bool,
                     counts[message.name] += 1
         speakers[name] = counts
     comparisons = {}
-    for metric in [*METRICS, *(f"{r}_overall" for r in rubrics)]:
+    lower = {**METRICS, **GUARDS}
+    for metric in [*(f"{r}_overall" for r in rubrics), *METRICS, *GUARDS]:
         trained, untrained = per_episode["trained"].get(metric, {}), per_episode["untrained"].get(metric, {})
         if not trained or not untrained:
             continue
-        difference = bootstrap_difference(trained, untrained, seed=0)
+        difference = bootstrap_difference(trained, untrained, seed=0, clusters=clusters)
         comparisons[metric] = {
-            "trained": _mean(trained), "untrained": _mean(untrained),
-            "round_robin": _mean(per_episode["round_robin"].get(metric, {})) if per_episode["round_robin"].get(metric) else None,
+            **{system: _mean(values[metric]) if values.get(metric) else None for system, values in per_episode.items()},
             "diff_ci95": [difference.low, difference.high], "diff": difference.estimate, "n_pairs": difference.n,
-            "lower_is_better": METRICS.get(metric, False),
+            "n_clusters": len({clusters[k] for k in set(trained) & set(untrained)}),
+            "lower_is_better": lower.get(metric, False), "guard": metric in GUARDS,
         }
+    for metric, field in {"routing_accuracy": "accuracy", "routing_misfits": "misfits"}.items():
+        if routing_rows:
+            comparisons[metric] = {**{s: r[field] for s, r in routing_rows.items()}, "diff": None,
+                                   "diff_ci95": [None, None], "n_pairs": None, "n_clusters": None,
+                                   "lower_is_better": GUARDS[metric], "guard": True,
+                                   "points": next(iter(routing_rows.values()))["points"]}
+    setup = json.loads((work / "eval" / "results.json").read_text(encoding="utf-8")).get("setup", {})
     return {
         "quick": quick, "model": str(model), "roster": roster.id, "judge": f"{model} (the same model judges itself)" if judge in (None, model) else str(judge),
         "train_scenarios": split["train"], "heldout_scenarios": split["heldout"],
         "episodes_per_system": {name: len(e) for name, e in episodes.items()},
+        "systems": list(episodes), "bootstrap": f"paired by episode, resampled by whole {CLUSTER}",
+        "reply_budgets": setup.get("reply_budgets"), "max_rounds": setup.get("max_rounds"),
+        "max_speakers": setup.get("max_speakers"),
+        "profiles_per_scenario": _profiles_per_scenario(episodes.get("trained", [])),
         "comparisons": comparisons, "targets": targets(comparisons),
         "redundancy_by_position": by_position, "speakers": speakers,
         "sanity": _sanity(work), "reward_models": _reward_models(work), "training": _training(work),
@@ -205,33 +237,51 @@ def direction_metrics(episode: Episode, roster: Any, tokenizer: Any) -> dict[str
 
 
 def targets(c: dict[str, Any]) -> dict[str, dict[str, Any]]:
-    """The issue's targets, each with the measured figure and whether it was met."""
-    def get(metric: str, key: str) -> float | None:
+    """The issue's targets (held-out, trained vs untrained), each with the measured figure and
+    whether it was met; a target whose metric was not measured is listed as not met."""
+    def get(metric: str, key: str) -> Any:
         return c.get(metric, {}).get(key)
 
-    out: dict[str, dict[str, Any]] = {}
-    if "fallback_rate" in c:
-        out["director_fallbacks_at_most_5pct"] = {"measured": get("fallback_rate", "trained"),
-                                                  "met": get("fallback_rate", "trained") <= 0.05}
-    if "consecutive_same_persona" in c:
-        t, u = get("consecutive_same_persona", "trained"), get("consecutive_same_persona", "untrained")
-        out["consecutive_same_persona_half_or_5pct"] = {"measured": t, "untrained": u, "met": t <= max(u / 2, 0.05)}
-    if "speaker_balance" in c:
-        out["speaker_balance_up"] = {"measured": get("speaker_balance", "diff"), "met": get("speaker_balance", "diff") > 0}
-    if "redundancy" in c:
-        t, u, ci = get("redundancy", "trained"), get("redundancy", "untrained"), get("redundancy", "diff_ci95")
-        out["redundancy_20pct_lower_ci_below_0"] = {"measured_relative": (t - u) / u if u else None, "ci95": ci,
-                                                    "met": bool(u) and (t - u) / u <= -0.2 and ci[1] < 0}
-    if "distinct_2" in c:
-        t, u = get("distinct_2", "trained"), get("distinct_2", "untrained")
-        out["distinct_2_at_least_90pct"] = {"measured_ratio": t / u if u else None, "met": t >= 0.9 * u}
-    if "mean_reply_tokens" in c:
-        t, u = get("mean_reply_tokens", "trained"), get("mean_reply_tokens", "untrained")
-        out["reply_tokens_at_least_half"] = {"measured_ratio": t / u if u else None, "met": t >= 0.5 * u}
-    if "persona_identifiability" in c:
-        t, u = get("persona_identifiability", "trained"), get("persona_identifiability", "untrained")
-        out["identifiability_not_lower"] = {"measured": t, "untrained": u, "met": t >= u}
+    def row(metric: str, met: Any, **measured: Any) -> dict[str, Any]:
+        return {**measured, "met": bool(met) if metric in c else False, **({} if metric in c else {"missing": True})}
+
+    t, u = (lambda m: get(m, "trained")), (lambda m: get(m, "untrained"))
+    ci = (lambda m: get(m, "diff_ci95") or [None, None])
+    out = {
+        "refusals_at_most_2_points_higher": row("refusal_rate", "refusal_rate" in c and t("refusal_rate") - u("refusal_rate") <= 0.02,
+                                                trained=t("refusal_rate"), untrained=u("refusal_rate")),
+        "multi_voice_rounds_not_fewer": row("multi_voice_rounds", "multi_voice_rounds" in c
+                                            and t("multi_voice_rounds") >= u("multi_voice_rounds"),
+                                            trained=t("multi_voice_rounds"), untrained=u("multi_voice_rounds")),
+    }
+    if "redundancy" in c and u("redundancy"):
+        relative = (t("redundancy") - u("redundancy")) / u("redundancy")
+        out["redundancy_15pct_lower_ci_below_0"] = row("redundancy", relative <= -0.15 and ci("redundancy")[1] < 0,
+                                                       relative=relative, ci95=ci("redundancy"))
+    else:
+        out["redundancy_15pct_lower_ci_below_0"] = row("redundancy", False)
+    out["identifiability_higher_ci_above_0"] = row(
+        "persona_identifiability", "persona_identifiability" in c and ci("persona_identifiability")[0] > 0,
+        diff=get("persona_identifiability", "diff"), ci95=ci("persona_identifiability"))
+    k = t("offered_voices")
+    out["first_offered_at_most_1_over_k_plus_10_points"] = row(
+        "first_offered", "first_offered" in c and k and t("first_offered") <= 1 / k + 0.10,
+        trained=t("first_offered"), bound=(1 / k + 0.10) if k else None, voices_offered=k)
+    out["copied_actions_at_most_10pct"] = row("copied_actions", "copied_actions" in c and t("copied_actions") <= 0.10,
+                                              trained=t("copied_actions"))
+    out["persona_score_higher_ci_above_0"] = row("persona_overall", "persona_overall" in c
+                                                 and ci("persona_overall")[0] > 0,
+                                                 diff=get("persona_overall", "diff"), ci95=ci("persona_overall"))
     return out
+
+
+def _profiles_per_scenario(episodes: list[Episode]) -> dict[str, int]:
+    """Held-out scenario -> how many different people played it."""
+    people: dict[str, set[str]] = {}
+    for episode in episodes:
+        if episode.scenario:
+            people.setdefault(episode.scenario.id, set()).add(episode.user_profile.id if episode.user_profile else "")
+    return {k: len(v) for k, v in sorted(people.items())}
 
 
 def _mean(values: dict[str, float]) -> float:
@@ -244,7 +294,10 @@ def _sanity(work: Path) -> dict[str, Any]:
         path = work / f"sanity-{rubric}.json"
         if path.is_file():
             report = json.loads(path.read_text(encoding="utf-8"))
-            found[rubric] = {k: report.get(k) for k in ("accuracy", "threshold", "passed", "by_kind", "seconds")}
+            found[rubric] = {k: report.get(k) for k in ("judge", "right", "total", "accuracy", "p_value", "threshold",
+                                                        "passed", "by_kind", "failed_judgements", "seconds")}
+            metric = report.get("metric_judge") or {}
+            found[rubric]["metric_judge"] = {k: metric.get(k) for k in ("right", "total", "accuracy")} or None
     return found
 
 
@@ -265,20 +318,26 @@ def _reward_models(work: Path) -> dict[str, Any]:
 
 
 def _training(work: Path) -> dict[str, Any]:
-    """Each GRPO run's reward per logged step, and every term's, from its trainer state."""
+    """Each training run's curve per logged step (GRPO: the weighted reward and every term;
+    the SFT warm start: token accuracy and loss), from its trainer state."""
     found: dict[str, Any] = {}
-    for card in sorted((work / "adapters").glob("*/adapter_card.json")):
+    cards = [("", c) for c in sorted((work / "adapters").glob("*/adapter_card.json"))]
+    cards += [("sft-", c) for c in sorted((work / "sft").glob("*/adapter_card.json"))]
+    for prefix, card in cards:
         info = json.loads(card.read_text(encoding="utf-8"))
-        entry: dict[str, Any] = {"reward": info.get("rewards", []), "terms": info.get("reward_terms"),
+        entry: dict[str, Any] = {"method": info.get("method"), "reward": info.get("rewards", []),
+                                 "reward_metric": info.get("reward_metric"), "terms": info.get("reward_terms"),
                                  "weights": info.get("reward_weights"), "steps": info.get("steps"),
+                                 "rows": info.get("data_size"), "init_adapter": info.get("init_adapter"),
                                  "seconds": info.get("seconds")}
-        states = sorted((work / "adapters" / "checkpoints" / card.parent.name).glob("checkpoint-*/trainer_state.json"),
+        states = sorted((card.parent.parent / "checkpoints" / card.parent.name).glob("checkpoint-*/trainer_state.json"),
                         key=lambda p: int(p.parent.name.split("-")[-1]))
         if states:
             history = json.loads(states[-1].read_text(encoding="utf-8"))["log_history"]
-            entry["log"] = [{k: v for k, v in h.items() if k.startswith(("rewards/", "reward", "group_rm", "step"))}
-                            for h in history if "reward" in h]
-        found[card.parent.name] = entry
+            keep = ("rewards/", "reward", "step", "loss", "mean_token_accuracy")
+            entry["log"] = [{k: v for k, v in h.items() if k.startswith(keep) and not k.endswith("/std")}
+                            for h in history if "reward" in h or "mean_token_accuracy" in h]
+        found[prefix + card.parent.name] = entry
     return found
 
 
@@ -301,8 +360,9 @@ def _plots(results: dict[str, Any], docs: Path) -> list[str]:
 
     names = []
     fig, ax = plt.subplots(figsize=(5.5, 3.5))
-    for offset, (system, values) in zip((-0.06, 0.0, 0.06), results["redundancy_by_position"].items()):
-        xs = [int(k) + offset for k in values]
+    count = len(results["redundancy_by_position"])
+    for i, (system, values) in enumerate(results["redundancy_by_position"].items()):
+        xs = [int(k) + 0.04 * (i - (count - 1) / 2) for k in values]
         ax.plot(xs, list(values.values()), marker="o", label=system)
     ax.set_xticks(sorted({int(k) for v in results["redundancy_by_position"].values() for k in v}))
     ax.set(xlabel="voice in the round", ylabel="redundancy (max cosine to earlier voices)",
@@ -331,12 +391,17 @@ def _plots(results: dict[str, Any], docs: Path) -> list[str]:
 
     runs = {k: v for k, v in results["training"].items() if v.get("log")}
     if runs:
-        fig, axes = plt.subplots(1, len(runs), figsize=(5 * len(runs), 3.5), squeeze=False)
+        fig, axes = plt.subplots(1, len(runs), figsize=(4.5 * len(runs), 3.5), squeeze=False)
         for ax, (run, entry) in zip(axes[0], runs.items()):
             steps = [h.get("step", i + 1) for i, h in enumerate(entry["log"])]
-            for key in sorted({k for h in entry["log"] for k in h if k.endswith("/mean") or k == "reward"}):
+            sft = entry["method"] == "sft"
+            keys = ["mean_token_accuracy"] if sft else sorted(
+                {k for h in entry["log"] for k in h if k.endswith("/mean") or k == "reward"})
+            for key in keys:
                 ax.plot(steps, [h.get(key) for h in entry["log"]], marker=".", label=key.replace("rewards/", ""))
-            ax.set(xlabel="GRPO step", ylabel="reward (weighted sum and terms)", title=f"{run} GRPO")
+            ax.set(xlabel="SFT step" if sft else "GRPO step",
+                   ylabel="token accuracy" if sft else "reward (weighted sum and terms)",
+                   title=f"{run} {'SFT warm start' if sft else 'GRPO'}")
             ax.xaxis.get_major_locator().set_params(integer=True)
             ax.legend(fontsize=7)
         fig.tight_layout()
@@ -356,31 +421,54 @@ def _report(results: dict[str, Any], plots: list[str]) -> str:
     if results["quick"]:
         lines += ["> **Quick run** (`--quick`): every stage at the smallest size. A smoke test; the numbers mean "
                   "nothing.", ""]
+    systems = results["systems"]
     lines += [
-        f"Model: `{Path(results['model']).name}` (the offline Qwen2.5-Coder-0.5B-Instruct) as Director, speakers, "
-        "user simulator, judge and reward-model base, on a CPU. Roster "
+        f"Policy model: `{Path(results['model']).name}` (the offline Qwen2.5-Coder-0.5B-Instruct) as Director, "
+        f"speakers, user simulator and reward-model base, on a CPU; judge: `{Path(results['judge']).name}`. Roster "
         f"`{results['roster']}`; {len(results['train_scenarios'])} train scenarios, "
         f"{len(results['heldout_scenarios'])} held-out ({', '.join(results['heldout_scenarios'])}; "
         "`bench/learning/split.json`). Episodes per system: "
         + ", ".join(f"{k} {v}" for k, v in results["episodes_per_system"].items())
-        + ", paired by episode id (same scenario, person and seed).", "",
-        "| metric | untrained | trained | round_robin | trained - untrained, 95 % CI |",
-        "|---|---|---|---|---|",
+        + f", paired by episode id (same scenario, person and seed), {results['max_rounds']} rounds of up to "
+        f"{results['max_speakers']} voices; people per held-out scenario: "
+        + ", ".join(f"{k} {v}" for k, v in results["profiles_per_scenario"].items())
+        + f". Reply budgets (tokens, every system): {json.dumps(results['reply_budgets'])}. Intervals: "
+        f"{results['bootstrap']}.", "",
     ]
-    for metric, row in c.items():
-        arrow = " (lower is better)" if row["lower_is_better"] else ""
-        lines.append(f"| {metric}{arrow} | {f(row['untrained'])} | {f(row['trained'])} | {f(row['round_robin'])} | "
-                     f"{f(row['diff'])} [{f(row['diff_ci95'][0])}, {f(row['diff_ci95'][1])}] |")
-    lines += ["", "## Targets", "", "| target | measured | met |", "|---|---|---|"]
+    for title, guard in (("Quality", False), ("Guards (shares 0-1 unless named otherwise)", True)):
+        lines += [f"## {title}", "", "| metric | " + " | ".join(systems) + " | trained - untrained, 95 % CI |",
+                  "|---|" + "---|" * (len(systems) + 1)]
+        for metric, row in c.items():
+            if row.get("guard", False) != guard:
+                continue
+            arrow = " (lower is better)" if row["lower_is_better"] else ""
+            lines.append(f"| {metric}{arrow} | " + " | ".join(f(row.get(s)) for s in systems)
+                         + f" | {f(row['diff'])} [{f(row['diff_ci95'][0])}, {f(row['diff_ci95'][1])}] |")
+        lines.append("")
+    lines += ["## Targets", "", "| target | measured | met |", "|---|---|---|"]
     for name, target in results["targets"].items():
         measured = ", ".join(f"{k} {f(v)}" for k, v in target.items() if k != "met")
         lines.append(f"| {name} | {measured} | {'yes' if target['met'] else '**no**'} |")
     lines += ["", "## The judge and the reward models", ""]
     for rubric, report in results["sanity"].items():
-        lines.append(f"- Sanity set, {rubric} rubric: accuracy {f(report['accuracy'])} (threshold "
-                     f"{f(report['threshold'])}; {'labels from the judge alone' if report['passed'] else 'labels combine the judge with the metric judges'}).")
+        metric = report.get("metric_judge") or {}
+        lines.append(f"- Sanity set, {rubric} rubric: `{Path(str(report['judge'])).name}` {report['right']}/"
+                     f"{report['total']} ({f(report['accuracy'])}, p = {report['p_value']:.2g} against chance; "
+                     f"{report['failed_judgements']} judgements failed); the metric judge {metric.get('right')}/"
+                     f"{metric.get('total')}. Labels of this rubric: "
+                     f"{'the LLM judge (trusted: at least 75 % with p < 0.01)' if report['passed'] else 'the metric judge alone (the LLM judge is not trusted)'}.")
     for name, info in results["reward_models"].items():
         lines.append(f"- {name}: {json.dumps(info)}")
+    lines += ["", "## Training", "", "| run | method | rows | steps | starts from | curve first -> last quarter | seconds |",
+              "|---|---|---|---|---|---|---|"]
+    for run, entry in results["training"].items():
+        curve = entry["reward"] or []
+        window = max(1, len(curve) // 4)
+        first_last = (f"{sum(curve[:window]) / window:.3f} -> {sum(curve[-window:]) / window:.3f}" if curve else "-")
+        start = Path(entry["init_adapter"]).parent.name + "/" + Path(entry["init_adapter"]).name if entry.get(
+            "init_adapter") else "a new adapter"
+        lines.append(f"| {run} | {entry['method']} ({entry['reward_metric']}) | {entry['rows']} | {entry['steps']} | "
+                     f"{start} | {first_last} | {f(entry['seconds'])} |")
     lines += ["", "## Plots", ""] + [f"![{p}]({p})" for p in plots]
     lines += ["", "## Time per stage (seconds)", "", "| stage | seconds |", "|---|---|"]
     lines += [f"| {k} | {v:.0f} |" for k, v in results["stage_seconds"].items()]
