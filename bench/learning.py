@@ -60,7 +60,7 @@ GUARDS = {"voices_per_round": False, "multi_voice_rounds": False, "reply_words":
           "echo_rate": True, "as_person_rate": True, "skipped_turns": True, "copied_actions": True,
           "first_offered": True, "offered_voices": False, "routing_accuracy": False, "routing_misfits": True}
 #: --quick: every stage, smallest sizes.
-QUICK = {"rollout": {"episodes": 2}, "group-blocks": {"g": 2, "max_points": 2}, "candidates": 2,
+QUICK = {"rollout": {"episodes": 2}, "group-blocks": {"g": 3, "max_points": 4}, "candidates": 2,
          "eval": {"episodes": 2}, "steps": 1}
 #: Bootstrap resamples whole held-out scenarios (several people play each).
 CLUSTER = "scenario"

@@ -248,7 +248,9 @@ def run_pipeline(
     on_stage: Callable[[str, str], None] = lambda name, state: None,
     env: dict[str, str] | None = None,
 ) -> Path:
-    """Run every stage of a recipe not already finished with the same command.
+    """Run every stage of a recipe not already finished with the same command, and every
+    stage after the first one that runs (it reads what the earlier stages wrote; each
+    command resumes its own work, e.g. a judge only judges what its cache lacks).
 
     Args:
         recipe_file: The pipeline recipe.
@@ -272,12 +274,15 @@ def run_pipeline(
     _base_policies(recipe, base, out)
     with ExitStack() as engines:
         pool = None
+        upstream_ran = False  # a stage after one that ran reads what it wrote: it runs too (and resumes)
         for name, argv in stages(recipe, base):
             marker = markers / f"{name}.json"
             digest = hashlib.sha256(json.dumps(argv).encode()).hexdigest()
-            if marker.is_file() and json.loads(marker.read_text(encoding="utf-8")).get("sha256") == digest:
+            if (not upstream_ran and marker.is_file()
+                    and json.loads(marker.read_text(encoding="utf-8")).get("sha256") == digest):
                 on_stage(name, "skipped")
                 continue
+            upstream_ran = True
             stage_env = env
             if "--engine" in argv:  # a generating stage on vLLM: on the pipeline's servers
                 from mascot.policies.vllm_engine import VLLM_SERVERS_ENV, VllmError, VllmPool

@@ -126,3 +126,32 @@ def test_the_engine_key_reaches_every_generating_stage(tmp_path: Path) -> None:
     assert not [name for name, argv in plan.items() if "--engine" in argv]  # local: the commands as before
     with pytest.raises(PipelineError, match="engine"):
         load_recipe(write(tmp_path, {**recipe, "engine": "tgi"}))
+
+
+def test_a_rerun_skips_finished_stages_until_one_runs_then_runs_the_rest(tmp_path: Path,
+                                                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    import subprocess
+
+    from mascot import pipeline
+    from mascot.cli.pipeline import demo_recipe
+
+    monkeypatch.setattr(pipeline, "check_extras", lambda: None)
+    ran: list[str] = []
+
+    def run(argv: list[str], **kwargs: object) -> subprocess.CompletedProcess:
+        ran.append(argv[3])
+        return subprocess.CompletedProcess(argv, 0, "", "")
+
+    monkeypatch.setattr(pipeline.subprocess, "run", run)
+    (tmp_path / "model").mkdir()
+    recipe = demo_recipe("model", judge_url=None)
+    pipeline.run_pipeline(write(tmp_path, recipe))
+    everything = list(ran)
+    ran.clear()
+    pipeline.run_pipeline(write(tmp_path, recipe))
+    assert ran == []  # nothing changed: every stage skipped
+    recipe["group-blocks"]["g"] += 1  # the blocks change: what judges, pairs and trains on them must follow
+    pipeline.run_pipeline(write(tmp_path, recipe))
+    names = [name for name, _ in stages(load_recipe(tmp_path / "recipe.yaml"), tmp_path)]
+    assert ran == everything[names.index("blocks"):]
+    assert "judge" in ran and ran[0] == "blocks"
