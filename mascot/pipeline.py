@@ -249,8 +249,8 @@ def run_pipeline(
     env: dict[str, str] | None = None,
 ) -> Path:
     """Run every stage of a recipe not already finished with the same command, and every
-    stage after the first one that runs (it reads what the earlier stages wrote; each
-    command resumes its own work, e.g. a judge only judges what its cache lacks).
+    stage that reads what a stage of this run wrote (each command resumes its own work,
+    e.g. a judge only judges what its cache lacks).
 
     Args:
         recipe_file: The pipeline recipe.
@@ -274,15 +274,20 @@ def run_pipeline(
     _base_policies(recipe, base, out)
     with ExitStack() as engines:
         pool = None
-        upstream_ran = False  # a stage after one that ran reads what it wrote: it runs too (and resumes)
+        wrote: dict[str, str] = {}  # stage -> its --out
+        ran: set[str] = set()
         for name, argv in stages(recipe, base):
             marker = markers / f"{name}.json"
             digest = hashlib.sha256(json.dumps(argv).encode()).hexdigest()
-            if (not upstream_ran and marker.is_file()
+            # a stage that reads what a stage of this run wrote runs again too (and resumes)
+            fed = any(_reads(argv, wrote[other]) for other in ran)
+            if "--out" in argv[:-1]:
+                wrote[name] = argv[argv.index("--out") + 1]
+            if (not fed and marker.is_file()
                     and json.loads(marker.read_text(encoding="utf-8")).get("sha256") == digest):
                 on_stage(name, "skipped")
                 continue
-            upstream_ran = True
+            ran.add(name)
             stage_env = env
             if "--engine" in argv:  # a generating stage on vLLM: on the pipeline's servers
                 from mascot.policies.vllm_engine import VLLM_SERVERS_ENV, VllmError, VllmPool
@@ -306,6 +311,12 @@ def run_pipeline(
             marker.write_text(json.dumps({"sha256": digest, "argv": argv}) + "\n", encoding="utf-8")
             on_stage(name, f"done in {time.monotonic() - started:.0f} s")
     return out / "eval" / "report.md"
+
+
+def _reads(argv: list[str], written: str) -> bool:
+    """Whether a stage's arguments name ``written`` (a file or folder) or a path inside it."""
+    inputs = [arg for i, arg in enumerate(argv) if i == 0 or argv[i - 1] != "--out"]
+    return any(arg == written or arg.startswith(written.rstrip("/") + "/") for arg in inputs)
 
 
 def _engine_bases(recipe: PipelineRecipe, base: Path) -> list[str]:
