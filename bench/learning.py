@@ -121,6 +121,8 @@ def write_run(work: Path, model: Path, *, quick: bool, judge: Path | None = None
     recipe["judge"]["model"] = str(judge or model)
     for name in ("rm.yaml", "sft.yaml", "speakers.yaml", "director.yaml"):
         config = yaml.safe_load((HERE / name).read_text(encoding="utf-8"))
+        # bf16 only where the CPU computes it natively: emulated, it is slower than fp32
+        config["bf16"] = bool(config.get("bf16")) and native_bf16()
         if quick:
             config.pop("num_train_epochs", None)
             config["max_steps"] = QUICK["steps"]
@@ -134,6 +136,15 @@ def write_run(work: Path, model: Path, *, quick: bool, judge: Path | None = None
     path = work / "recipe.yaml"
     path.write_text(yaml.safe_dump(recipe, sort_keys=False), encoding="utf-8")
     return path
+
+
+def native_bf16() -> bool:
+    """Whether training here may use bf16: a GPU that supports it, or a CPU with native bf16."""
+    import torch
+
+    from mascot.policies.local.precision import cpu_has_native_bf16
+
+    return torch.cuda.is_bf16_supported() if torch.cuda.is_available() else cpu_has_native_bf16()
 
 
 def analyse(work: Path, model: Path, *, timings: dict[str, float], quick: bool,

@@ -227,9 +227,47 @@ def test_cpu_settings_follow_the_machine(tmp_path: Path, monkeypatch: pytest.Mon
     monkeypatch.setattr(vllm_engine, "_available_memory", lambda: 20 << 30)
     monkeypatch.setattr(vllm_engine.os, "sched_getaffinity", lambda pid: {0, 1, 2, 5})
     settings = vllm_engine.cpu_settings(str(tmp_path))
-    assert settings == vllm_engine.CpuSettings(dtype="bfloat16", kv_cache_gib=8, threads_bind="0-2,5")
+    assert settings == vllm_engine.CpuSettings(dtype="bfloat16", kv_cache_gib=4, threads_bind="0-2,5")
     monkeypatch.setattr(vllm_engine, "_cpu_flags", lambda: {"avx2"})
     monkeypatch.setattr(vllm_engine, "_available_memory", lambda: 6 << 30)
     with (tmp_path / "model.safetensors").open("wb") as weights:
-        weights.truncate(1 << 30)  # 1 GiB of (sparse) weights: (6 - 2 - 2) / 2 = 1
+        weights.truncate(1 << 30)  # 1 GiB of 16-bit weights, 2 GiB in fp32: (6 - 4 - 2) / 2 -> the minimum 1
     assert vllm_engine.cpu_settings(str(tmp_path)) == vllm_engine.CpuSettings("float32", 1, "0-2,5")
+    monkeypatch.setattr(vllm_engine, "_available_memory", lambda: 14 << 30)
+    assert vllm_engine.cpu_settings(str(tmp_path)).kv_cache_gib == 4  # (14 - 4 - 2) / 2
+    # a server started before takes its memory only as requests come: promised, it is subtracted
+    assert vllm_engine.cpu_settings(str(tmp_path), reserved=6 << 30).kv_cache_gib == 1  # (14 - 6 - 4 - 2) / 2
+
+
+def test_a_pool_sizes_its_next_server_after_the_memory_of_the_ones_it_started(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from mascot.policies import vllm_engine
+    from mascot.policies.serving import ServedPolicies
+
+    (tmp_path / "model.safetensors").write_bytes(b"x" * (1 << 20))
+    monkeypatch.setattr(vllm_engine, "_cpu_flags", lambda: {"avx2"})
+    monkeypatch.setattr(vllm_engine, "has_gpu", lambda: False)
+    server = vllm_engine.VllmServer(ServedPolicies(base=str(tmp_path)))
+    assert server.memory() == 0  # nothing sized yet
+    monkeypatch.setattr(vllm_engine, "_available_memory", lambda: 12 << 30)
+    _, env = server.command(python="python")
+    assert env["VLLM_CPU_KVCACHE_SPACE"] == "4"
+    assert server.memory() == (2 << 20) + (4 << 30)  # fp32 weights (twice the file) and the KV cache
+    second = vllm_engine.VllmServer(ServedPolicies(base=str(tmp_path)), reserved_memory=server.memory())
+    _, env = second.command(python="python")
+    assert env["VLLM_CPU_KVCACHE_SPACE"] == "2"  # (12 - 4 - 2) / 2, less the weights' few MiB
+    # the pool promises the first server's memory to the second it starts
+    def start(self: vllm_engine.VllmServer) -> vllm_engine.VllmServer:
+        self.command(python="python")
+        self.started_in = 0.0
+        return self
+
+    monkeypatch.setattr(vllm_engine.VllmServer, "start", start)
+    other = tmp_path / "other"
+    other.mkdir()
+    (other / "model.safetensors").write_bytes(b"x" * (1 << 20))
+    pool = vllm_engine.VllmPool(attach={})
+    pool.url(str(tmp_path))
+    pool.url(str(other))
+    first, then = pool.servers.values()
+    assert then.reserved_memory == first.memory() > 4 << 30 and then.cpu.kv_cache_gib == 2

@@ -57,8 +57,9 @@ DEFAULT_MAX_LORAS = 8
 START_TIMEOUT = 900.0
 #: Context length on a CPU: the KV cache is sized by memory, and our prompts stay far below.
 CPU_MAX_MODEL_LEN = 4096
-#: KV-cache space on a CPU, in GiB: at least this, at most ``CPU_KV_CACHE_MAX``.
-CPU_KV_CACHE_MIN, CPU_KV_CACHE_MAX = 1, 8
+#: KV-cache space on a CPU, in GiB: at least this, at most ``CPU_KV_CACHE_MAX`` (4 GiB holds
+#: 16 full 4096-token contexts of a 1.5B model in fp32; more only takes memory from training).
+CPU_KV_CACHE_MIN, CPU_KV_CACHE_MAX = 1, 4
 
 _ERROR_LINE = re.compile(r"(Error|Exception|error:|CRITICAL)")
 
@@ -115,20 +116,33 @@ class CpuSettings:
     threads_bind: str
 
 
-def cpu_settings(model: str) -> CpuSettings:
+def cpu_settings(model: str, *, reserved: int = 0) -> CpuSettings:
     """Settings for serving ``model`` (a folder, or a Hub id) on this CPU: bf16 where the
     CPU computes it natively (``avx512_bf16`` or AMX), else fp32; KV-cache space from the
-    memory available now less twice the weights and 2 GiB for the rest, halved and kept in
+    memory available now, less ``reserved`` bytes, twice the weights in memory (files of
+    16-bit weights take twice their size in fp32) and 2 GiB for the rest, halved and kept in
     [``CPU_KV_CACHE_MIN``, ``CPU_KV_CACHE_MAX``]; threads bound to the cores this process
-    may run on."""
+    may run on.
+
+    Args:
+        model: The base model.
+        reserved: Bytes already promised to servers started before this one: vLLM on a
+            CPU touches its KV cache only as requests fill it, so the memory available now
+            does not show it yet.
+    """
     flags = _cpu_flags()
     dtype = "bfloat16" if {"avx512_bf16", "amx_bf16"} & flags else "float32"
-    weights = sum(p.stat().st_size for p in Path(model).glob("*.safetensors")) if Path(model).is_dir() else 0
-    weights = weights or 2 << 30
-    free = _available_memory() or 8 << 30
-    room = (free - 2 * weights - (2 << 30)) / 2 / (1 << 30)
-    kv = int(max(CPU_KV_CACHE_MIN, min(CPU_KV_CACHE_MAX, room)))
+    room = (_available_memory() or 8 << 30) - reserved - 2 * served_weights(model, dtype) - (2 << 30)
+    kv = int(max(CPU_KV_CACHE_MIN, min(CPU_KV_CACHE_MAX, room / 2 / (1 << 30))))
     return CpuSettings(dtype=dtype, kv_cache_gib=kv, threads_bind=_ranges(sorted(os.sched_getaffinity(0))))
+
+
+def served_weights(model: str, dtype: str) -> int:
+    """Bytes the weights of ``model`` take in a server computing in ``dtype`` (the
+    safetensors files' size, doubled for fp32: our folders hold 16-bit weights; 2 GiB for
+    a Hub id)."""
+    size = sum(p.stat().st_size for p in Path(model).glob("*.safetensors")) if Path(model).is_dir() else 0
+    return (size or 2 << 30) * (2 if dtype == "float32" else 1)
 
 
 def max_lora_rank(served: ServedPolicies) -> int:
@@ -239,6 +253,7 @@ class VllmServer:
         echo: bool = False,
         log: str | Path | None = None,
         timeout: float = START_TIMEOUT,
+        reserved_memory: int = 0,
     ) -> None:
         """Args:
             served: The base model and adapters.
@@ -254,6 +269,7 @@ class VllmServer:
             echo: Copy the server's log to stderr as it is written.
             log: The log file; default a temporary file, kept after a failure.
             timeout: Seconds to wait for the server to answer.
+            reserved_memory: Bytes promised to other servers on this CPU (``cpu_settings``).
         """
         self.served = served
         self.host = host
@@ -267,6 +283,8 @@ class VllmServer:
         self.echo = echo
         self.log = Path(log) if log else None
         self.timeout = timeout
+        self.reserved_memory = reserved_memory
+        self.cpu: CpuSettings | None = None  # set by ``command`` on a CPU-only machine
         self.process: subprocess.Popen[bytes] | None = None
         self._pump: threading.Thread | None = None
         self.started_in: float | None = None
@@ -275,6 +293,13 @@ class VllmServer:
     def url(self) -> str:
         """The server's OpenAI-compatible ``.../v1`` URL."""
         return f"http://{self.host if self.host not in ('0.0.0.0', '::') else '127.0.0.1'}:{self.port}/v1"
+
+    def memory(self) -> int:
+        """Bytes of RAM this server takes on a CPU once busy (weights and KV cache); 0 on a
+        GPU or before ``command``."""
+        if self.cpu is None:
+            return 0
+        return served_weights(self.served.base, self.cpu.dtype) + (self.cpu.kv_cache_gib << 30)
 
     def command(self, python: str | None = None) -> tuple[list[str], dict[str, str]]:
         """The command line and added environment (the API key is not in either), with
@@ -287,7 +312,8 @@ class VllmServer:
         if python is None:
             raise VllmError(f"vLLM is not installed: run scripts/install --vllm (it makes {VLLM_VENV}), "
                             f"or set {VLLM_PYTHON_ENV} to the interpreter of an environment with vLLM")
-        cpu = None if has_gpu() else cpu_settings(self.served.base)
+        cpu = None if has_gpu() else cpu_settings(self.served.base, reserved=self.reserved_memory)
+        self.cpu = cpu
         return vllm_command(self.served, python=python, host=self.host, port=self.port,
                             served_name=self.served_name, allow_runtime_lora=self.allow_runtime_lora,
                             max_loras=self.max_loras, lora_rank=self.lora_rank, cpu=cpu, extra=self.extra)
@@ -442,8 +468,11 @@ class VllmPool:
             return self.attached[base].rstrip("/")
         if base not in self.servers:
             served = served or ServedPolicies(base=base)
+            # the servers started before take their weights and KV cache as requests come,
+            # after this one has sized its own from the memory available now
             server = VllmServer(served, allow_runtime_lora=True, echo=self.echo, lora_rank=self.lora_rank or 16,
-                                max_loras=max(self.max_loras, len(served.adapters)))
+                                max_loras=max(self.max_loras, len(served.adapters)),
+                                reserved_memory=sum(s.memory() for s in self.servers.values()))
             self.announce(f"starting vLLM for {base} (a minute or two on a CPU)")
             server.start()
             self.announce(f"vLLM ready at {server.url} in {server.started_in:.0f} s")
