@@ -160,6 +160,11 @@ def stages(recipe: PipelineRecipe, base: Path) -> list[tuple[str, list[str]]]:
                     str(recipe.judge.block_turns), *_budget_flag(recipe.group_blocks.max_tokens),
                     *(["--max-points", str(recipe.group_blocks.max_points)] if recipe.group_blocks.max_points else []),
                     "--seed", str(recipe.seed), "--out", str(out / "blocks.jsonl")]),
+        # the policy model's stages together, then the judge's: a pipeline on vLLM runs one
+        # server at a time where it can
+        ("candidates", ["candidates", "--in", episodes, *local, *engine, "--k", str(recipe.candidates),
+                        *_budget_flag(recipe.rollout.max_tokens if recipe.rollout else None),
+                        "--seed", str(recipe.seed), "--out", str(out / "candidates.jsonl")]),
         ("judge-blocks", ["judge", "--in", str(out / "blocks.jsonl"), "--rubric", "group", *roster, *judge,
                           "--out", str(out / "judged-blocks.jsonl")]),
         # the judge on the roster's fixed sanity sets: a judge under 75 % (or with p >= 0.01 against
@@ -168,9 +173,6 @@ def stages(recipe: PipelineRecipe, base: Path) -> list[tuple[str, list[str]]]:
                                   "--out", str(out / "sanity-persona.json")]),
         ("judge-sanity-group", ["judge", "--sanity", "--rubric", "group", *roster, *judge,
                                 "--out", str(out / "sanity-group.json")]),
-        ("candidates", ["candidates", "--in", episodes, *local, *engine, "--k", str(recipe.candidates),
-                        *_budget_flag(recipe.rollout.max_tokens if recipe.rollout else None),
-                        "--seed", str(recipe.seed), "--out", str(out / "candidates.jsonl")]),
         ("judge-candidates", ["judge", "--in", str(out / "candidates.jsonl"), "--rubric", "persona", *roster,
                               *judge, "--out", str(out / "judged.jsonl")]),
         ("pairs", ["pairs", "--in", str(out / "judged.jsonl"), "--min-margin", str(recipe.min_margin),
@@ -296,10 +298,14 @@ def run_pipeline(
                     pool = engines.enter_context(VllmPool(lora_rank=_lora_rank(recipe, base), attach={},
                                                           announce=lambda line: on_stage("engine", line)))
                 try:
-                    urls = {model: pool.url(model) for model in _engine_bases(recipe, base)}
+                    needed = _stage_bases(argv, recipe, base)
+                    pool.keep(needed)  # the memory of a server this stage does not use goes to it
+                    urls = {model: pool.url(model) for model in needed}
                 except VllmError as exc:
                     raise PipelineError(f"engine: {exc}") from None
                 stage_env = {**(env if env is not None else os.environ), VLLM_SERVERS_ENV: json.dumps(urls)}
+            elif pool is not None:  # a training stage: every server's memory goes to it
+                pool.keep([])
             on_stage(name, "running")
             started = time.monotonic()
             result = subprocess.run([sys.executable, "-m", "mascot", *argv], capture_output=True, text=True,
@@ -322,7 +328,11 @@ def _reads(argv: list[str], written: str) -> bool:
 def _engine_bases(recipe: PipelineRecipe, base: Path) -> list[str]:
     """The base models the generating stages run locally: the policies' and, when it is
     local, the judge's (as the stages' policy files name them)."""
-    models = [_model(recipe, base)]
+    return list(dict.fromkeys([_model(recipe, base), *_judge_bases(recipe, base)]))
+
+
+def _judge_bases(recipe: PipelineRecipe, base: Path) -> list[str]:
+    """The base models of the judge when it runs locally (none for a judge on a server)."""
     judge = recipe.judge
     if judge.policies:  # as _judge_flags: a judge policy file wins over a judge model
         from mascot.policies.spec import PolicyError, load_policy_specs
@@ -331,10 +341,16 @@ def _engine_bases(recipe: PipelineRecipe, base: Path) -> list[str]:
             specs = load_policy_specs(_path(judge.policies, base), None)
         except PolicyError as exc:
             raise PipelineError(str(exc)) from None
-        models += [spec.model for spec in specs.values() if spec.kind == "local"]
-    elif judge.model and not judge.base_url:
-        models.append(judge.model)
-    return list(dict.fromkeys(models))
+        return list(dict.fromkeys(spec.model for spec in specs.values() if spec.kind == "local"))
+    return [judge.model] if judge.model and not judge.base_url else []
+
+
+def _stage_bases(argv: list[str], recipe: PipelineRecipe, base: Path) -> list[str]:
+    """The base models a generating stage runs on vLLM: the judge's for ``judge``, the
+    policies' and the judge's for ``eval``, the policies' for the others."""
+    if argv[0] == "judge":
+        return _judge_bases(recipe, base)
+    return _engine_bases(recipe, base) if argv[0] == "eval" else [_model(recipe, base)]
 
 
 def _lora_rank(recipe: PipelineRecipe, base: Path) -> int:

@@ -227,14 +227,14 @@ def test_cpu_settings_follow_the_machine(tmp_path: Path, monkeypatch: pytest.Mon
     monkeypatch.setattr(vllm_engine, "_available_memory", lambda: 20 << 30)
     monkeypatch.setattr(vllm_engine.os, "sched_getaffinity", lambda pid: {0, 1, 2, 5})
     settings = vllm_engine.cpu_settings(str(tmp_path))
-    assert settings == vllm_engine.CpuSettings(dtype="bfloat16", kv_cache_gib=4, threads_bind="0-2,5")
+    assert settings == vllm_engine.CpuSettings(dtype="bfloat16", kv_cache_gib=2, threads_bind="0-2,5")
     monkeypatch.setattr(vllm_engine, "_cpu_flags", lambda: {"avx2"})
     monkeypatch.setattr(vllm_engine, "_available_memory", lambda: 6 << 30)
     with (tmp_path / "model.safetensors").open("wb") as weights:
         weights.truncate(1 << 30)  # 1 GiB of 16-bit weights, 2 GiB in fp32: (6 - 4 - 2) / 2 -> the minimum 1
     assert vllm_engine.cpu_settings(str(tmp_path)) == vllm_engine.CpuSettings("float32", 1, "0-2,5")
     monkeypatch.setattr(vllm_engine, "_available_memory", lambda: 14 << 30)
-    assert vllm_engine.cpu_settings(str(tmp_path)).kv_cache_gib == 4  # (14 - 4 - 2) / 2
+    assert vllm_engine.cpu_settings(str(tmp_path)).kv_cache_gib == 2  # (14 - 4 - 2) / 2, at most 2
     # a server started before takes its memory only as requests come: promised, it is subtracted
     assert vllm_engine.cpu_settings(str(tmp_path), reserved=6 << 30).kv_cache_gib == 1  # (14 - 6 - 4 - 2) / 2
 
@@ -249,13 +249,13 @@ def test_a_pool_sizes_its_next_server_after_the_memory_of_the_ones_it_started(
     monkeypatch.setattr(vllm_engine, "has_gpu", lambda: False)
     server = vllm_engine.VllmServer(ServedPolicies(base=str(tmp_path)))
     assert server.memory() == 0  # nothing sized yet
-    monkeypatch.setattr(vllm_engine, "_available_memory", lambda: 12 << 30)
+    monkeypatch.setattr(vllm_engine, "_available_memory", lambda: 7 << 30)
     _, env = server.command(python="python")
-    assert env["VLLM_CPU_KVCACHE_SPACE"] == "4"
-    assert server.memory() == (2 << 20) + (4 << 30)  # fp32 weights (twice the file) and the KV cache
+    assert env["VLLM_CPU_KVCACHE_SPACE"] == "2"
+    assert server.memory() == (2 << 20) + (2 << 30)  # fp32 weights (twice the file) and the KV cache
     second = vllm_engine.VllmServer(ServedPolicies(base=str(tmp_path)), reserved_memory=server.memory())
     _, env = second.command(python="python")
-    assert env["VLLM_CPU_KVCACHE_SPACE"] == "2"  # (12 - 4 - 2) / 2, less the weights' few MiB
+    assert env["VLLM_CPU_KVCACHE_SPACE"] == "1"  # (7 - 2 - 2) / 2, less the weights' few MiB
     # the pool promises the first server's memory to the second it starts
     def start(self: vllm_engine.VllmServer) -> vllm_engine.VllmServer:
         self.command(python="python")
@@ -270,4 +270,4 @@ def test_a_pool_sizes_its_next_server_after_the_memory_of_the_ones_it_started(
     pool.url(str(tmp_path))
     pool.url(str(other))
     first, then = pool.servers.values()
-    assert then.reserved_memory == first.memory() > 4 << 30 and then.cpu.kv_cache_gib == 2
+    assert then.reserved_memory == first.memory() > 2 << 30 and then.cpu.kv_cache_gib == 1

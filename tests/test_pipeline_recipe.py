@@ -23,8 +23,8 @@ def write(tmp_path: Path, recipe: dict) -> Path:
 def test_app_logs_recipe_turns_into_mascot_commands(tmp_path: Path) -> None:
     recipe = load_recipe(write(tmp_path, RECIPE))
     plan = dict(stages(recipe, tmp_path))
-    assert list(plan) == ["import-logs", "blocks", "judge-blocks", "judge-sanity-persona", "judge-sanity-group",
-                          "candidates", "judge-candidates", "pairs", "group-pairs", "persona-rm", "group-rm",
+    assert list(plan) == ["import-logs", "blocks", "candidates", "judge-blocks", "judge-sanity-persona",
+                          "judge-sanity-group", "judge-candidates", "pairs", "group-pairs", "persona-rm", "group-rm",
                           "speakers", "director", "eval"]
     # the labels follow the judge's sanity accuracy
     assert plan["pairs"][plan["pairs"].index("--sanity") + 1] == plan["judge-sanity-persona"][-1]

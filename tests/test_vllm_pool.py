@@ -143,8 +143,11 @@ class _FakeServer:
     def stop(self) -> None:
         _FakeServer.stopped.append(self.base)
 
+    def memory(self) -> int:
+        return 0
 
-def test_the_pipeline_runs_one_server_per_base_for_all_its_generating_stages(
+
+def test_the_pipeline_runs_the_servers_each_stage_uses_and_none_while_it_trains(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     from mascot import pipeline
     from mascot.cli.pipeline import demo_recipe
@@ -152,10 +155,16 @@ def test_the_pipeline_runs_one_server_per_base_for_all_its_generating_stages(
     _FakeServer.started, _FakeServer.stopped, _FakeServer.made = [], [], []
     monkeypatch.setattr(vllm_engine, "VllmServer", _FakeServer)
     monkeypatch.setattr(pipeline, "check_extras", lambda: None)
-    calls: list[tuple[list[str], dict | None]] = []
+    calls: list[tuple[list[str], dict | None, list[str]]] = []
+
+    def running() -> list[str]:
+        up = list(_FakeServer.started)
+        for base in _FakeServer.stopped:
+            up.remove(base)
+        return sorted(up)
 
     def run(argv: list[str], **kwargs: object) -> subprocess.CompletedProcess:
-        calls.append((argv[3:], kwargs.get("env")))  # type: ignore[arg-type]
+        calls.append((argv[3:], kwargs.get("env"), running()))  # type: ignore[arg-type]
         return subprocess.CompletedProcess(argv, 0, "", "")
 
     monkeypatch.setattr(pipeline.subprocess, "run", run)
@@ -166,17 +175,20 @@ def test_the_pipeline_runs_one_server_per_base_for_all_its_generating_stages(
     (tmp_path / "recipe.yaml").write_text(yaml.safe_dump(recipe))
     stages: list[tuple[str, str]] = []
     pipeline.run_pipeline(tmp_path / "recipe.yaml", on_stage=lambda name, state: stages.append((name, state)))
-    model = str(tmp_path / "model")
-    assert _FakeServer.started == [model, "judge/model"]  # once each, for every stage
-    assert sorted(_FakeServer.stopped) == sorted(_FakeServer.started)  # and stopped when the pipeline ends
-    for argv, env in calls:
-        on_engine = "--engine" in argv
-        assert (env is not None and VLLM_SERVERS_ENV in env) == on_engine, argv[0]
-        if on_engine:
-            assert set(json.loads(env[VLLM_SERVERS_ENV])) == {model, "judge/model"}
-    assert {argv[0] for argv, env in calls if env is None} >= {"train-speakers", "train-rm"}
-    assert "train-director" in {argv[0] for argv, env in calls if env is not None}  # its blocks on the servers
+    model, judge = str(tmp_path / "model"), "judge/model"
+    # the policy model's stages, the judge's, training with no server, the Director, eval with both
+    assert _FakeServer.started == [model, judge, model, judge]
+    assert sorted(_FakeServer.stopped) == sorted(_FakeServer.started)  # all stopped when the pipeline ends
+    for argv, env, up in calls:
+        if "--engine" not in argv:
+            assert env is None and up == [], argv[0]  # a training stage has the machine's memory
+            continue
+        uses = {"judge": [judge], "eval": sorted([model, judge])}.get(argv[0], [model])
+        assert sorted(json.loads(env[VLLM_SERVERS_ENV])) == uses == up, argv[0]
+    assert {argv[0] for argv, env, _ in calls if env is None} >= {"train-speakers", "train-rm"}
+    assert "train-director" in {argv[0] for argv, env, _ in calls if env is not None}  # its blocks on the servers
     assert next(state for name, state in stages if name == "engine").startswith("starting vLLM for")
+    assert any(state.startswith("stopping vLLM for") for name, state in stages if name == "engine")
     # runtime LoRA on, for the training stages' largest rank (--lora_r 32)
     assert all(s.kwargs["allow_runtime_lora"] and s.kwargs["lora_rank"] == 32 for s in _FakeServer.made)
 

@@ -57,9 +57,10 @@ DEFAULT_MAX_LORAS = 8
 START_TIMEOUT = 900.0
 #: Context length on a CPU: the KV cache is sized by memory, and our prompts stay far below.
 CPU_MAX_MODEL_LEN = 4096
-#: KV-cache space on a CPU, in GiB: at least this, at most ``CPU_KV_CACHE_MAX`` (4 GiB holds
-#: 16 full 4096-token contexts of a 1.5B model in fp32; more only takes memory from training).
-CPU_KV_CACHE_MIN, CPU_KV_CACHE_MAX = 1, 4
+#: KV-cache space on a CPU, in GiB: at least this, at most ``CPU_KV_CACHE_MAX`` (2 GiB holds
+#: 20 full 4096-token contexts of a 0.5B model in fp32, more than two cores decode at once;
+#: more only takes memory that a second server or a training stage needs).
+CPU_KV_CACHE_MIN, CPU_KV_CACHE_MAX = 1, 2
 
 _ERROR_LINE = re.compile(r"(Error|Exception|error:|CRITICAL)")
 
@@ -529,6 +530,19 @@ class VllmPool:
                 raise VllmError(f"the vLLM server at {url} lists no base model (serving {base} was expected)")
             self._names[url] = bases[0]
         return self._names[url]
+
+    def keep(self, bases: Sequence[str]) -> None:
+        """Stop the servers this pool started for base models not in ``bases``, so the work
+        that comes next has their memory (a CPU's RAM, a GPU's); ``url`` starts one again
+        when it is needed. Attached servers keep running."""
+        wanted = {model_key(b) for b in bases}
+        for base in [b for b in self.servers if b not in wanted]:
+            server = self.servers.pop(base)
+            self.announce(f"stopping vLLM for {base} (not used by what comes next)")
+            server.stop()
+            self._loaded.pop(server.url, None)
+            self._claimed.pop(server.url, None)
+            self._names.pop(server.url, None)
 
     def close(self) -> None:
         """Stop every server the pool started (attached ones keep running)."""
