@@ -59,6 +59,8 @@ def test_a_running_server_serves_the_roles_with_their_adapters_loaded_in_place(
     remote = pool.serve(policies)
     assert remote.spec("anchor").kind == "openai" and remote.spec("anchor").model == "anchor"
     assert remote.spec("anchor").urls == [server] and remote.spec("catalyst").model == "tiny"  # the base's name
+    # no GPU here: a role without a timeout of its own waits as long as two cores may take
+    assert remote.spec("anchor").timeout == vllm_engine.CPU_REQUEST_TIMEOUT
     assert "anchor" in {m["id"] for m in httpx.get(f"{server}/models").json()["data"]}
     # records say what the local policies would: base folder, adapter folder, version
     assert remote.record("anchor") == {"model": str(tiny_model), "adapter": "anchor", "adapter_version": "1"}

@@ -55,6 +55,9 @@ VLLM_SERVERS_ENV = "MASCOT_VLLM_SERVERS"
 DEFAULT_MAX_LORAS = 8
 #: Seconds a server may take to answer (the CPU build spends ~100-120 s importing).
 START_TIMEOUT = 900.0
+#: Seconds per request to a pool's server on a CPU-only machine, for a role that sets none:
+#: two cores prefilling a judge's 3,000-token prompt behind eight others pass the usual 60 s.
+CPU_REQUEST_TIMEOUT = 600.0
 #: Context length on a CPU: the KV cache is sized by memory, and our prompts stay far below.
 CPU_MAX_MODEL_LEN = 4096
 #: KV-cache space on a CPU, in GiB: at least this, at most ``CPU_KV_CACHE_MAX`` (2 GiB holds
@@ -484,7 +487,8 @@ class VllmPool:
     def serve(self, policies: Policies) -> Policies:
         """``policies`` with every ``local`` role answered by the pool's server for its base
         model: an ``openai`` role named by its adapter (loaded first if needed) or by the
-        base, with its own temperature, budget, timeout and version. Roles already on a
+        base, with its own temperature, budget, timeout and version (on a CPU-only machine,
+        ``CPU_REQUEST_TIMEOUT`` where the role sets no timeout). Roles already on a
         server stay as they are; turns are recorded as the local ones would be
         (``Policies.record``: base model, adapter folder, version).
 
@@ -509,9 +513,11 @@ class VllmPool:
             load_adapters(url, missing.values())
             loaded.update({name: a.path for name, a in missing.items()})
         name = self._served_name(url, served.base)
+        cpu = not has_gpu()
         remote = {role: spec if spec.kind != "local" else PolicySpec(
             kind="openai", model=served.roles[role] or name, base_url=url, version=spec.version,
-            temperature=spec.temperature, max_tokens=spec.max_tokens, timeout=spec.timeout,
+            temperature=spec.temperature, max_tokens=spec.max_tokens,
+            timeout=CPU_REQUEST_TIMEOUT if cpu and "timeout" not in spec.model_fields_set else spec.timeout,
             max_retries=spec.max_retries) for role, spec in specs.items()}
         return Policies(remote, policies.roster, seed=policies.seed, origin=policies)
 
