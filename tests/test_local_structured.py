@@ -46,7 +46,7 @@ def test_include_raw_returns_raw_parsed_and_error_with_the_enum_honoured(backend
         out = model.with_structured_output(DIRECTION, method="json_schema", include_raw=True).invoke(PROMPT)
         assert set(out) == {"raw", "parsed", "parsing_error"} and isinstance(out["raw"], AIMessage)
         assert out["parsing_error"] is None, out
-        assert out["parsed"] == json.loads(out["raw"].text)
+        assert out["parsed"] == json.loads(out["raw"].text, strict=False)  # raw control characters in strings allowed
         assert out["parsed"]["speaker"] in SPEAKERS and set(out["parsed"]) == {"speaker", "action", "tone"}
         assert _model_text(out) == out["parsed"]  # what the Director reads
 

@@ -215,8 +215,8 @@ def _schema_parser(schema: Any) -> tuple[dict[str, Any], Any]:
 
         def parse_model(message: AIMessage) -> BaseModel:
             try:
-                return model.model_validate_json(message.text)
-            except ValidationError as exc:
+                return model.model_validate(_json_object(message.text))
+            except (json.JSONDecodeError, ValidationError) as exc:
                 raise OutputParserException(f"not a valid {model.__name__}: {exc}", llm_output=message.text) from exc
 
         return model.model_json_schema(), parse_model
@@ -224,7 +224,7 @@ def _schema_parser(schema: Any) -> tuple[dict[str, Any], Any]:
 
         def parse_object(message: AIMessage) -> dict[str, Any]:
             try:
-                value = json.loads(message.text)
+                value = _json_object(message.text)
             except json.JSONDecodeError as exc:
                 raise OutputParserException(f"not JSON: {exc}", llm_output=message.text) from exc
             if not isinstance(value, dict):
@@ -233,3 +233,9 @@ def _schema_parser(schema: Any) -> tuple[dict[str, Any], Any]:
 
         return dict(schema), parse_object
     raise ValueError(f"schema must be a pydantic model class or a JSON schema dict, got {type(schema).__name__}")
+
+
+def _json_object(text: str) -> Any:
+    """Parse a grammar-constrained reply: JSON that may hold raw control characters inside
+    strings (xgrammar's JSON grammar lets a sampled vertical tab through; strict JSON does not)."""
+    return json.loads(text, strict=False)
