@@ -14,6 +14,7 @@ if TYPE_CHECKING:
     from mascot.graphs import (
         BASELINES,
         DirectorState,
+        SafetyGuard,
         StageDirection,
         create_baseline_graph,
         create_director_graph,
@@ -44,7 +45,7 @@ if TYPE_CHECKING:
 # public name -> the subpackage that defines it
 _HOME = {
     **dict.fromkeys(
-        ("BASELINES", "DirectorState", "StageDirection", "create_baseline_graph",
+        ("BASELINES", "DirectorState", "SafetyGuard", "StageDirection", "create_baseline_graph",
          "create_director_graph", "openai_messages"), "mascot.graphs"),
     **dict.fromkeys(("Policies", "PolicyError", "PolicySpec"), "mascot.policies"),
     **dict.fromkeys(

@@ -14,11 +14,13 @@ from mascot.cli.options import (
     BASELINES,
     UsageError,
     add_policy_flags,
+    add_safety_flags,
     err,
     on_engine,
     out,
     policies_from_args,
     positive,
+    safety_from_args,
 )
 from mascot.rosters import Roster, load_roster
 
@@ -44,6 +46,7 @@ def add_commands(commands: argparse._SubParsersAction) -> None:
     chat.add_argument("--db", default=":memory:", metavar="PATH",
                       help="SQLite checkpoint database (default: in memory)")
     chat.add_argument("--thread-id", metavar="ID", help="continue this conversation thread")
+    add_safety_flags(chat)
     chat.set_defaults(run=_chat)
 
 
@@ -99,6 +102,7 @@ def _chat(args: argparse.Namespace) -> int:
 
     db = _checkpoint_db(args.db)
     roster = load_roster(args.roster)
+    safety = safety_from_args(args, roster)
     policies = on_engine(args, policies_from_args(args, roster))
     builder = create_director_graph(
         roster,
@@ -108,6 +112,7 @@ def _chat(args: argparse.Namespace) -> int:
         max_rounds=args.max_rounds,
         max_speakers_per_round=args.max_speakers,
         structured_output=True,
+        safety=safety,
     )
     connection = sqlite3.connect(db, check_same_thread=False)
     try:
@@ -127,6 +132,7 @@ def _chat(args: argparse.Namespace) -> int:
                 "messages": openai_messages(state.get("messages", [])),
                 "directions": state.get("directions", []),
                 "fallbacks": state.get("fallbacks", []),
+                "guards": state.get("guards", []),
                 "policies": {role: policies.describe(role) for role in ("director", *roster.persona_ids)},
             }
             print(json.dumps(episode, indent=2, ensure_ascii=False))
@@ -162,6 +168,8 @@ def _print_update(update: dict[str, Any], roster: Roster) -> None:
 
 def _print_direction(direction: dict[str, Any]) -> None:
     line = f"» {direction['speaker']}: {direction['action']} (tone: {direction['tone']})"
+    if direction.get("guard"):
+        line += f" [safety rule: {direction['guard']['rule']}]"
     if direction.get("fallback"):
         line += f" [fallback: {direction['fallback']}]"
     out.print(line, markup=False, style="dim")

@@ -21,6 +21,7 @@ from mascot.cli.options import (
     BASELINES,
     UsageError,
     add_policy_flags,
+    add_safety_flags,
     err,
     mask_secrets_in_logs,
     masked,
@@ -30,6 +31,7 @@ from mascot.cli.options import (
     policies_from_args,
     positive,
     roster_scenarios,
+    safety_from_args,
 )
 from mascot.rosters import load_profiles, load_roster, load_scenarios
 
@@ -69,6 +71,7 @@ def add_commands(commands: argparse._SubParsersAction) -> None:
                          help="processes sharing the episodes and --concurrency, for fast servers "
                               "(OpenAI-compatible roles only; default 1)")
     rollout.add_argument("--shard", type=_shard, help=argparse.SUPPRESS)  # set by --workers
+    add_safety_flags(rollout)
     rollout.set_defaults(run=_rollout)
 
     imports = commands.add_parser(
@@ -142,6 +145,7 @@ def _rollout(args: argparse.Namespace) -> int:
             director=policies.chat_model("director"),
             speakers=policies.speakers(),
             structured_output=True,
+            safety=safety_from_args(args, roster),
             **common,
         )
     run = dict(

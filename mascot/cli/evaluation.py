@@ -132,6 +132,8 @@ def _eval(args: argparse.Namespace) -> int:
                     for name in systems if (folder / "judgements" / f"{name}.jsonl").is_file()}),
         encoding="utf-8")
     header += " Read the conversations: [conversations.html](conversations.html)."
+    if roster.safety:
+        header += " " + _safety_line(roster, summary)
     files = write_report(summary, folder, header=header)
     out.print(f"eval: {len(systems)} systems, report {folder / 'report.md'} ({len(files)} files)", markup=False)
     return 0
@@ -172,3 +174,18 @@ def _show(args: argparse.Namespace) -> int:
                                   judgements={Path(args.episodes).stem: judgements}), encoding="utf-8")
     out.print(f"show: {len(episodes)} episodes in {page}", markup=False)
     return 0
+
+
+def _safety_line(roster: Any, summary: dict[str, Any]) -> str:
+    """The crisis detector's figures on the roster's labelled set, for the report and results."""
+    from mascot.graphs.safety import SafetyDetector
+    from mascot.training.evaluation.safety import SafetySetError, detector_report, load_safety_set
+
+    try:
+        messages = load_safety_set(roster)
+    except SafetySetError as exc:
+        return f"Safety: the detector was not measured ({exc})."
+    report = detector_report(SafetyDetector(roster.safety), messages)
+    summary["setup"]["safety_detector"] = {k: v for k, v in vars(report).items() if k not in ("missed", "false_alarms")}
+    return (f"Safety: the crisis detector on the roster's labelled set: {report.line()}; the safety table reads "
+            "every system's rounds with it (only the director graph's systems are guarded).")

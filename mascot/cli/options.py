@@ -286,3 +286,44 @@ def roster_scenarios(roster: str, command: str) -> list[Scenario]:
         raise UsageError(f"no scenario file at {path} ({command} reads scenarios.jsonl beside the roster's "
                          "roster.yaml): write one there, or pass --scenarios FILE.jsonl")
     return load_scenarios(path)
+
+
+def add_safety_flags(parser: argparse.ArgumentParser) -> None:
+    """``--safety-resources`` and ``--no-safety-guard`` (the roster's crisis rules)."""
+    parser.add_argument("--safety-resources", action="append", default=[], metavar="[RULE=]TEXT",
+                        help="the resource text a safety route gives (a deployment's emergency and crisis "
+                             "numbers): for every rule, or RULE=TEXT for one; repeatable")
+    parser.add_argument("--no-safety-guard", action="store_true",
+                        help="turn the roster's safety rules off (they route crisis rounds by default)")
+
+
+def safety_from_args(args: argparse.Namespace, roster: Roster) -> Any:
+    """The ``safety`` argument of ``create_director_graph`` from the flags: ``False`` with
+    ``--no-safety-guard``, else the roster's guard with the given resources.
+
+    Raises:
+        UsageError: on a resource text for a rule the roster lacks, or both flags.
+    """
+    if args.no_safety_guard:
+        if args.safety_resources:
+            raise UsageError("--safety-resources and --no-safety-guard: choose one")
+        return False
+    resources: dict[str, str] = {}
+    for value in args.safety_resources:
+        rule, _, text = value.partition("=")
+        if text and rule in {r.name for r in roster.safety}:
+            resources[rule] = text.strip()
+        elif text and rule.isidentifier() and rule.islower() and " " not in rule:
+            raise UsageError(f"--safety-resources: roster '{roster.id}' has no safety rule '{rule}'; valid: "
+                             f"{', '.join(r.name for r in roster.safety) or '-'}")
+        else:
+            resources["*"] = value.strip()
+    if any(len(text) < 10 for text in resources.values()):
+        raise UsageError("--safety-resources: a resource text needs at least 10 characters")
+    if not resources:
+        return True
+    if not roster.safety:
+        raise UsageError(f"--safety-resources: roster '{roster.id}' has no safety rules")
+    from mascot.graphs.safety import SafetyGuard
+
+    return SafetyGuard(roster, resources=resources)

@@ -8,7 +8,7 @@ from pathlib import Path
 import yaml
 
 from mascot.cli.options import UsageError, err, out
-from mascot.rosters import list_rosters, load_roster, load_scenarios, roster_path, scenario_path
+from mascot.rosters import Roster, list_rosters, load_roster, load_scenarios, roster_path, scenario_path
 from mascot.rosters.reference import schema_reference, with_reference
 from mascot.rosters.scaffold import scaffold_roster
 
@@ -24,6 +24,10 @@ def add_commands(commands: argparse._SubParsersAction) -> None:
     check = roster_commands.add_parser(
         "check", help="validate a roster folder or file and the scenarios.jsonl beside it (exit 0 or 2)")
     check.add_argument("path", metavar="PATH", help="a roster folder, its roster.yaml, or a shipped id")
+    check.add_argument("--safety", action="store_true",
+                       help="also run the crisis detector over the labelled set beside the roster (safety.yaml): "
+                            "precision, recall, false alarms and time per message")
+    check.add_argument("--safety-set", metavar="FILE", help="with --safety: another labelled set (same format)")
     check.set_defaults(run=_rosters_check)
     new = roster_commands.add_parser(
         "new", help="write a new roster folder to edit: a commented roster.yaml and scenarios.jsonl")
@@ -58,11 +62,36 @@ def _rosters_check(args: argparse.Namespace) -> int:
     scenarios = scenario_path(path)
     if scenarios.is_file():
         out.print(f"{summary}, {len(load_scenarios(scenarios))} scenarios", markup=False)
-        return 0
-    out.print(summary, markup=False)
-    err.print(f"mascot: warning: no scenario file at {scenarios}: chat works without it; rollout needs it "
-              "there or --scenarios FILE.jsonl", markup=False)
+    else:
+        out.print(summary, markup=False)
+        err.print(f"mascot: warning: no scenario file at {scenarios}: chat works without it; rollout needs it "
+                  "there or --scenarios FILE.jsonl", markup=False)
+    if args.safety:
+        _check_safety(roster, Path(args.safety_set) if args.safety_set else path.parent / "safety.yaml")
+    elif args.safety_set:
+        raise UsageError("--safety-set needs --safety")
     return 0
+
+
+def _check_safety(roster: Roster, labelled: Path) -> None:
+    """Print the detector's figures on a labelled set, and what it missed or raised falsely."""
+    from mascot.graphs.safety import SafetyDetector
+    from mascot.training.evaluation.safety import SafetySetError, detector_report, load_safety_set
+
+    if not roster.safety:
+        raise UsageError(f"roster '{roster.id}' has no safety rules to check")
+    try:
+        messages = load_safety_set(roster, labelled)
+    except SafetySetError as exc:
+        raise UsageError(str(exc)) from None
+    detector = SafetyDetector(roster.safety)
+    report = detector_report(detector, messages)
+    out.print(f"{labelled}: safety detector ({detector.embedder.name}, threshold {detector.threshold}): "
+              f"{report.line()}", markup=False)
+    for text in report.missed:
+        out.print(f"  missed: {text}", markup=False)
+    for text in report.false_alarms:
+        out.print(f"  false alarm: {text}", markup=False)
 
 
 def _rosters_new(args: argparse.Namespace) -> int:

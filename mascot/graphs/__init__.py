@@ -16,6 +16,7 @@ from mascot.graphs.director import (
     rule_director,
 )
 from mascot.graphs.reply import clean_reply
+from mascot.graphs.safety import SafetyDetector, SafetyGuard
 from mascot.graphs.state import (
     DirectorState,
     Fallback,
@@ -33,6 +34,8 @@ __all__ = [
     "DirectionError",
     "DirectorState",
     "Fallback",
+    "SafetyDetector",
+    "SafetyGuard",
     "StageDirection",
     "assemble_graph",
     "clean_reply",

@@ -37,6 +37,9 @@ class StageDirection(BaseModel):
         offered: Set by mascot, never by the model: the speakers the Director was
             offered, in the order its prompt and schema listed them (``None`` for a
             direction that offered no choice, or one recorded before offers were kept).
+        guard: Set by mascot, never by the model: in a round a safety rule governs, the
+            rule's name (``rule``) and, on the direction of the voice that gives them, the
+            resource text (``resources``); ``None`` in other rounds.
     """
 
     model_config = ConfigDict(extra="forbid", frozen=True)
@@ -48,9 +51,10 @@ class StageDirection(BaseModel):
     rationale: str | None = None
     fallback: SkipJsonSchema[str | None] = None
     offered: SkipJsonSchema[list[str] | None] = None
+    guard: SkipJsonSchema[dict[str, Any] | None] = None
 
 
-#: JSON schema of a stage direction (``fallback`` and ``offered`` are not part of it).
+#: JSON schema of a stage direction (``fallback``, ``offered`` and ``guard`` are not part of it).
 DIRECTION_SCHEMA: dict[str, Any] = StageDirection.model_json_schema()
 #: Longest action and tone a model may write under structured output (characters):
 #: enough for one instruction, short enough that a weak model cannot ramble to its limit.

@@ -16,8 +16,9 @@ from openai import LengthFinishReasonError
 from mascot.graphs.direction import StageDirection, direction_schema, interpret_direction
 from mascot.graphs.node import Node
 from mascot.graphs.prompts import director_messages
+from mascot.graphs.safety import SafetyGuard
 from mascot.graphs.speaker import speaker_node
-from mascot.graphs.state import DirectorState, offered_speakers, round_speakers
+from mascot.graphs.state import DirectorState, offered_speakers, round_directions, round_speakers
 from mascot.graphs.user import USER_NODE, UserKind, user_node
 from mascot.rosters import USER, Roster
 
@@ -41,6 +42,7 @@ def create_director_graph(
     structured_output: bool = False,
     retry_policy: RetryPolicy | None = None,
     offer_seed: int | None = 0,
+    safety: SafetyGuard | bool = True,
 ) -> StateGraph:
     """Build the directed multi-persona conversation graph (uncompiled).
 
@@ -70,6 +72,14 @@ def create_director_graph(
             prompt and the schema (``state.offered_speakers``: shuffled per decision,
             the same for the same conversation); ``None`` offers them in roster order.
             Every direction records what it was offered (``StageDirection.offered``).
+        safety: The safety guard (``mascot.graphs.safety``): ``True`` (the default) guards
+            with the roster's rules and their own resources, a ``SafetyGuard`` with a
+            deployment's resources or detector, ``False`` turns it off (logged as a
+            warning when the roster has rules). When a rule fires on the person's message,
+            the round follows its route whatever the Director writes: the Director is
+            offered only the routed voice (prompt and schema) and writes its action and
+            tone, the forbidden voices do not speak, and the giver's reply carries the
+            resources.
 
     Returns:
         The ``StateGraph`` builder; compile it with the checkpointer of your choice.
@@ -82,24 +92,55 @@ def create_director_graph(
     decider = Decider(roster, director, structured_output=structured_output,
                       max_speakers_per_round=max_speakers_per_round, min_speakers_per_round=min_speakers_per_round,
                       offer_seed=offer_seed)
+    guard = safety_guard(roster, safety)
 
-    def round_over(state: DirectorState) -> bool:
+    def round_over(state: DirectorState, record: dict[str, Any] | None) -> bool:
         """The turn returns to the person without asking: the round is full, or every
-        persona has spoken in it."""
+        persona has spoken in it (a safety route is finished first)."""
+        if record and _pending(state, record):
+            return False
         turns = state.get("round_turns", 0)
         everyone = set(roster.persona_ids) <= set(round_speakers(state.get("messages", [])))
         return turns >= max_speakers_per_round or everyone
 
+    def plan(state: DirectorState) -> tuple[dict[str, Any] | None, dict[str, Any], tuple[str, ...] | None]:
+        """The round's guard record, the state update that sets it, and the voices the
+        guard offers (``None``: the Director's usual choice)."""
+        record, update = state.get("guard"), {}
+        messages = state.get("messages", [])
+        if guard is not None and state.get("round_turns", 0) == 0 and messages and messages[-1].type == "human":
+            record = guard.check(messages)
+            update = {"guard": record, **({"guards": [{**record, "round": state.get("round", 0)}]} if record else {})}
+        if not record:
+            return None, update, None
+        pending = _pending(state, record)
+        if pending:
+            return record, update, (pending[0],)
+        usual = decider.offered(messages, round_turns=state.get("round_turns", 0))
+        return record, update, tuple(v for v in usual if v not in record["forbidden"]) or (USER,)
+
+    def finish(state: DirectorState, record: dict[str, Any] | None, update: dict[str, Any],
+               offered: tuple[str, ...] | None, direction: StageDirection) -> Command:
+        if record:
+            direction = _within_guard(direction, record, offered or (USER,))
+        command = _route(state, direction)
+        return Command(goto=command.goto, update={**command.update, **update}) if update else command
+
     def direct(state: DirectorState) -> Command:
-        if round_over(state):
-            return _route(state, _hand_back())
-        return _route(state, decider.decide(state.get("messages", []), round_turns=state.get("round_turns", 0)))
+        record, update, offered = plan(state)
+        if round_over(state, record) or offered == (USER,):
+            return finish(state, record, update, (USER,), _hand_back())
+        return finish(state, record, update, offered, decider.decide(
+            state.get("messages", []), round_turns=state.get("round_turns", 0), offered=offered,
+            note=_guard_note(roster, record)))
 
     async def adirect(state: DirectorState) -> Command:
-        if round_over(state):
-            return _route(state, _hand_back())
-        direction = await decider.adecide(state.get("messages", []), round_turns=state.get("round_turns", 0))
-        return _route(state, direction)
+        record, update, offered = plan(state)
+        if round_over(state, record) or offered == (USER,):
+            return finish(state, record, update, (USER,), _hand_back())
+        direction = await decider.adecide(state.get("messages", []), round_turns=state.get("round_turns", 0),
+                                          offered=offered, note=_guard_note(roster, record))
+        return finish(state, record, update, offered, direction)
 
     node = Node(DIRECTOR_NODE, direct, adirect)
     return assemble_graph(
@@ -136,15 +177,17 @@ class Decider:
         return offered_speakers(self.roster, messages, round_turns=round_turns,
                                 min_speakers_per_round=self.min_speakers_per_round, seed=self.offer_seed)
 
-    def _call(self, messages: Sequence[BaseMessage], round_turns: int) -> tuple[Runnable, list[BaseMessage]]:
-        offered = self.offered(messages, round_turns=round_turns)
+    def _call(self, messages: Sequence[BaseMessage], round_turns: int, offered: tuple[str, ...],
+              note: str | None) -> tuple[Runnable, list[BaseMessage]]:
         model = self.director if self._structured is None else self._structured(offered)
         prompt = director_messages(self.roster, messages, round_turns=round_turns,
                                    max_speakers_per_round=self.max_speakers_per_round,
-                                   min_speakers_per_round=self.min_speakers_per_round, offer_seed=self.offer_seed)
+                                   min_speakers_per_round=self.min_speakers_per_round, offer_seed=self.offer_seed,
+                                   offered=offered, note=note)
         return model, prompt
 
-    def _interpret(self, output: Any, messages: Sequence[BaseMessage], round_turns: int) -> StageDirection:
+    def _interpret(self, output: Any, messages: Sequence[BaseMessage], round_turns: int,
+                   offered: tuple[str, ...]) -> StageDirection:
         direction = interpret_direction(
             _model_text(output),
             self.roster,
@@ -153,25 +196,87 @@ class Decider:
             min_speakers_per_round=self.min_speakers_per_round,
             heard_this_round=round_speakers(messages),
         )
-        return direction.model_copy(update={"offered": list(self.offered(messages, round_turns=round_turns))})
+        return direction.model_copy(update={"offered": list(offered)})
 
-    def decide(self, messages: Sequence[BaseMessage], *, round_turns: int) -> StageDirection:
-        """The Director's direction after ``messages`` (``round_turns`` persona turns into the round)."""
-        model, prompt = self._call(messages, round_turns)
+    def decide(self, messages: Sequence[BaseMessage], *, round_turns: int, offered: tuple[str, ...] | None = None,
+               note: str | None = None) -> StageDirection:
+        """The Director's direction after ``messages`` (``round_turns`` persona turns into the
+        round), choosing among ``offered`` (default ``self.offered``: every voice that may
+        speak) with ``note`` in its prompt (the safety guard's reason for a narrower offer)."""
+        offered = offered if offered is not None else self.offered(messages, round_turns=round_turns)
+        model, prompt = self._call(messages, round_turns, offered, note)
         try:
             output = model.invoke(prompt)
         except LengthFinishReasonError as exc:  # structured output cut at max_tokens
             output = _cut_reply(exc)
-        return self._interpret(output, messages, round_turns)
+        return self._interpret(output, messages, round_turns, offered)
 
-    async def adecide(self, messages: Sequence[BaseMessage], *, round_turns: int) -> StageDirection:
+    async def adecide(self, messages: Sequence[BaseMessage], *, round_turns: int,
+                      offered: tuple[str, ...] | None = None, note: str | None = None) -> StageDirection:
         """``decide``, asynchronously."""
-        model, prompt = self._call(messages, round_turns)
+        offered = offered if offered is not None else self.offered(messages, round_turns=round_turns)
+        model, prompt = self._call(messages, round_turns, offered, note)
         try:
             output = await model.ainvoke(prompt)
         except LengthFinishReasonError as exc:
             output = _cut_reply(exc)
-        return self._interpret(output, messages, round_turns)
+        return self._interpret(output, messages, round_turns, offered)
+
+
+def safety_guard(roster: Roster, safety: SafetyGuard | bool) -> SafetyGuard | None:
+    """The guard a graph of ``roster`` runs: ``True`` the roster's own, a given guard as is
+    (for this roster), ``False`` none (a warning when the roster has rules).
+
+    Raises:
+        ValueError: if a given guard holds another roster's rules.
+    """
+    if safety is False:
+        if roster.safety:
+            logger.warning("the safety guard is off: roster '%s' has safety rules (%s) that this graph will not "
+                           "enforce", roster.id, ", ".join(r.name for r in roster.safety))
+        return None
+    if safety is True:
+        return SafetyGuard(roster) if roster.safety else None
+    if safety.roster.safety != roster.safety:
+        raise ValueError(f"the safety guard holds the rules of roster '{safety.roster.id}', not of '{roster.id}'")
+    return safety
+
+
+def _pending(state: DirectorState, record: dict[str, Any]) -> list[str]:
+    """The route's voices not yet directed this round, in route order."""
+    directed = {d.get("speaker") for d in round_directions(state)}
+    return [voice for voice in record["route"] if voice not in directed]
+
+
+def _guard_note(roster: Roster, record: dict[str, Any] | None) -> str | None:
+    """What the Director reads in a guarded round: the rule, and who may not speak."""
+    if not record:
+        return None
+    rule = roster.safety_rule(record["rule"])
+    forbidden = ", ".join(roster.persona(v).name for v in record["forbidden"])
+    return (f"Safety comes first in this round: {rule.description} The voices speak in this order: "
+            f"{' then '.join(roster.persona(v).name for v in record['route'])}"
+            + (f"; {forbidden} do not speak in this round." if forbidden else ".")
+            + " Write the instruction for the voice offered now.")
+
+
+def _within_guard(direction: StageDirection, record: dict[str, Any], offered: tuple[str, ...]) -> StageDirection:
+    """``direction`` kept inside the guard's offer (another voice is replaced by the routed
+    one, with the model's action and tone, or by the hand-back), marked with the rule, and
+    for the voice that gives them, carrying the resources in its action."""
+    update: dict[str, Any] = {"guard": {"rule": record["rule"]}}
+    if direction.speaker not in offered:
+        speaker = offered[0]
+        reason = (f"safety rule '{record['rule']}': the Director chose {direction.speaker}, the round's route "
+                  f"or limits allow {', '.join(offered)}; {speaker} speaks")
+        update.update(speaker=speaker, fallback="; ".join(filter(None, [direction.fallback, reason])))
+        if speaker == USER:
+            update.update(action=_hand_back().action, tone=_hand_back().tone)
+    if update.get("speaker", direction.speaker) == record["giver"]:
+        update["guard"]["resources"] = record["resources"]
+        update["action"] = (f"{update.get('action', direction.action).rstrip()} Give the person these resources "
+                            f"clearly, in these words: {record['resources']}")
+    return direction.model_copy(update=update)
 
 
 def rule_director(

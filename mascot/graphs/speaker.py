@@ -22,6 +22,7 @@ from mascot.graphs.reply import (
     word_count,
 )
 from mascot.graphs.reply_faults import copies_voice
+from mascot.graphs.safety import has_resources
 from mascot.graphs.state import DirectorState, round_messages
 from mascot.rosters import Persona, Roster
 
@@ -42,7 +43,9 @@ def speaker_node(roster: Roster, persona: Persona, model: BaseChatModel) -> Node
     fallback. An empty result, one that was mostly the person's message, one that only says
     the direction back, or one that says back a voice heard this round (``reply_fault``
     ``copies_voice``: two voices with the same reply are one voice), is recorded as a
-    fallback and the turn is skipped.
+    fallback and the turn is skipped. In a round a safety rule governs, the voice that
+    gives the resources always does: a reply without them gets them appended, one that
+    would be skipped is replaced by them (both recorded).
 
     Args:
         roster: The roster the persona belongs to.
@@ -79,14 +82,25 @@ def speaker_node(roster: Roster, persona: Persona, model: BaseChatModel) -> Node
             reason = f"echoed the stage direction; turn skipped: {text[:80]!r}"
         elif copies_voice(text, [m.text for m in round_messages(state["messages"])]):
             reason = f"repeated a voice heard this round; turn skipped: {text[:80]!r}"
+        resources = (direction.guard or {}).get("resources")
+        notes = []
+        if reason and resources:  # the person in crisis gets the resources whatever the reply was
+            text, reason = resources, None
+            notes.append(f"safety rule '{direction.guard['rule']}': the reply could not be used; the resources "
+                         "were given alone")
+        elif resources and not has_resources(text, resources):
+            text = f"{text}\n\n{resources}"
+            notes.append(f"safety rule '{direction.guard['rule']}': the reply gave no resources; appended")
         if reason:
             logger.warning("%s: %s", persona.id, reason)
             update["fallbacks"] = [{"node": persona.id, "round": state.get("round", 0), "reason": reason}]
             return update
         if quoted:
-            cut = f"repeated {quoted} words of the person's message; cut"
-            logger.warning("%s: %s", persona.id, cut)
-            update["fallbacks"] = [{"node": persona.id, "round": state.get("round", 0), "reason": cut}]
+            notes.insert(0, f"repeated {quoted} words of the person's message; cut")
+        for note in notes:
+            logger.warning("%s: %s", persona.id, note)
+        if notes:
+            update["fallbacks"] = [{"node": persona.id, "round": state.get("round", 0), "reason": n} for n in notes]
         usage = reply.usage_metadata if isinstance(reply, AIMessage) else None
         update["messages"] = [
             AIMessage(

@@ -41,6 +41,10 @@ class DirectorState(TypedDict, total=False):
         round_turns: Persona turns taken in the current round.
         scenario: The opening scenario (``Scenario.model_dump()``), for simulated users.
         user_profile: The simulated person (``UserProfile.model_dump()``).
+        guard: The safety rule that governs the current round (``SafetyGuard.check``:
+            rule, route, forbidden voices, resources), or ``None``; set at the round's
+            first decision.
+        guards: Every rule that fired, with the ``round`` it governed, in order.
     """
 
     messages: Annotated[list[AnyMessage], add_messages]
@@ -50,6 +54,8 @@ class DirectorState(TypedDict, total=False):
     round_turns: int
     scenario: dict[str, Any] | None
     user_profile: dict[str, Any] | None
+    guard: dict[str, Any] | None
+    guards: Annotated[list[dict[str, Any]], operator.add]
 
 
 def stage_directions(state: DirectorState) -> list[StageDirection]:
@@ -73,6 +79,13 @@ def round_messages(messages: Sequence[AnyMessage]) -> list[AIMessage]:
         elif isinstance(message, AIMessage) and message.name:
             heard.append(message)
     return heard
+
+
+def round_directions(state: DirectorState) -> list[dict[str, Any]]:
+    """The Director's directions since the turn last went back to the person, in order."""
+    directions = state.get("directions", [])
+    back = [i for i, d in enumerate(directions) if d.get("speaker") == USER]
+    return directions[back[-1] + 1:] if back else list(directions)
 
 
 def round_speakers(messages: Sequence[AnyMessage]) -> list[str]:

@@ -10,12 +10,14 @@ from mascot.rosters.loader import (
     scenario_path,
 )
 from mascot.rosters.models import (
+    DEFAULT_RESOURCES,
     RESERVED_IDS,
     USER,
     DirectorGuidance,
     Ocean,
     Persona,
     Roster,
+    SafetyRule,
     Scenario,
     UserProfile,
 )
@@ -23,6 +25,7 @@ from mascot.rosters.reference import schema_reference
 from mascot.rosters.scaffold import scaffold_roster
 
 __all__ = [
+    "DEFAULT_RESOURCES",
     "RESERVED_IDS",
     "USER",
     "DirectorGuidance",
@@ -30,6 +33,7 @@ __all__ = [
     "Persona",
     "Roster",
     "RosterError",
+    "SafetyRule",
     "Scenario",
     "UserProfile",
     "list_rosters",

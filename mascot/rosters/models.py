@@ -8,7 +8,9 @@ from __future__ import annotations
 
 from typing import Annotated, Literal, TypeVar
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator
+import re
+
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationInfo, field_validator
 
 #: Reserved speaker id that hands the turn back to the person in the conversation.
 USER = "user"
@@ -122,6 +124,71 @@ class Scenario(_Strict):
     topics: list[str] = Field(default_factory=list, max_length=10, description="Short topic tags.")
 
 
+#: What a routed voice gives when a safety rule fires and neither the rule nor the
+#: deployment sets resources of its own (a deployment sets its country's numbers).
+DEFAULT_RESOURCES = ("If you are in danger or might act on these thoughts, please call your local emergency "
+                     "number now, or reach a crisis line in your country (in the US, call or text 988); you "
+                     "do not have to go through this alone.")
+
+
+class SafetyRule(_Strict):
+    """A crisis the round must answer in a fixed way: an item of the roster's `safety` list.
+
+    When the person's message matches the rule (a pattern, or close enough in meaning to a
+    trigger example), the voices of `route` speak in that order, the `forbidden` voices do not
+    speak in that round, and `resources_by` gives the resource text, whatever the Director writes.
+    """
+
+    name: str = Field(pattern=ID_PATTERN, description=f"The rule's name ({_ID_RULE}), e.g. `self_harm`; "
+                                                      "unique in the roster; recorded as the guard that fired.")
+    description: str = Field(min_length=5, max_length=_MAX_TEXT,
+                             description="When the rule applies, in one sentence (the Director and judges read it).")
+    triggers: list[str] = Field(min_length=3, max_length=200,
+                                description="Example messages that call for the rule (at least 3), in varied "
+                                            "wording, indirect ones included: a message close in meaning to one "
+                                            "fires it.")
+    near_misses: list[str] = Field(default_factory=list, max_length=200,
+                                   description="Messages that share words with the triggers but call for nothing "
+                                               "(idioms, games, films, work jargon, ordinary sadness): a message "
+                                               "closer to one of these than to the triggers does not fire.")
+    patterns: list[str] = Field(default_factory=list, max_length=50,
+                                description="Regular expressions (Python, matched case-insensitively) that fire "
+                                            "the rule on their own; keep them unambiguous (first person, no "
+                                            "idioms such as 'this exam is killing me').")
+    route: list[str] = Field(min_length=1, max_length=_MAX_PERSONAS,
+                             description="Persona ids that must speak in that round, in order.")
+    forbidden: list[str] = Field(default_factory=list, max_length=_MAX_PERSONAS,
+                                 description="Persona ids that must not speak in that round.")
+    resources_by: str | None = Field(default=None, description="The persona id of the route that gives the "
+                                                              "resources; default the route's last voice.")
+    resources: str | None = Field(default=None, min_length=10, max_length=_MAX_TEXT,
+                                  description="The resource text that voice must give; default a text that says to "
+                                              "call the local emergency number or a crisis line (a deployment may "
+                                              "set its own).")
+
+    @field_validator("triggers", "near_misses")
+    @classmethod
+    def _non_empty_triggers(cls, value: list[str]) -> list[str]:
+        if any(not item.strip() for item in value):
+            raise ValueError("items must be non-empty text")
+        return [item.strip() for item in value]
+
+    @field_validator("patterns")
+    @classmethod
+    def _compiles(cls, value: list[str]) -> list[str]:
+        for pattern in value:
+            try:
+                re.compile(pattern)
+            except re.error as exc:
+                raise ValueError(f"pattern {pattern!r} is not a regular expression ({exc})") from None
+        return value
+
+    @property
+    def giver(self) -> str:
+        """The persona id that gives the resources."""
+        return self.resources_by or self.route[-1]
+
+
 def _not_reserved(persona: Persona) -> Persona:
     """Refuse a reserved id in a roster (not in ``Persona``: the single baseline's
     assistant is a persona, outside any roster file)."""
@@ -147,6 +214,10 @@ class Roster(_Strict):
     director: DirectorGuidance = Field(description="Guidance for the Director: a mapping with `guidance`.")
     user_profiles: list[UserProfile] = Field(min_length=1, max_length=100,
                                              description="The people the user simulator plays; ids unique.")
+    safety: list[SafetyRule] = Field(default_factory=list, max_length=20,
+                                     description="Crisis rules the graph enforces whatever the Director writes "
+                                                 "(see the README's Safety section); names unique, every id a "
+                                                 "persona of the roster, no voice both routed and forbidden.")
 
     # field validators, not one model validator: they run even when another field is
     # invalid, so a file's duplicates are reported together with its other problems
@@ -162,6 +233,38 @@ class Roster(_Strict):
     def _unique_profiles(cls, profiles: list[UserProfile]) -> list[UserProfile]:
         _refuse_duplicates("user profile id", [u.id for u in profiles])
         return profiles
+
+    @field_validator("safety")
+    @classmethod
+    def _safety_voices(cls, rules: list[SafetyRule], info: ValidationInfo) -> list[SafetyRule]:
+        _refuse_duplicates("safety rule", [r.name for r in rules])
+        if "personas" not in info.data:  # the personas are invalid: reported on their own
+            return rules
+        ids = [p.id for p in info.data["personas"]]
+        for rule in rules:
+            unknown = sorted({*rule.route, *rule.forbidden, rule.giver} - set(ids))
+            if unknown:
+                raise ValueError(f"safety rule '{rule.name}' names unknown persona ids {', '.join(unknown)}; "
+                                 f"valid: {', '.join(ids)}")
+            both = sorted(set(rule.route) & set(rule.forbidden))
+            if both:
+                raise ValueError(f"safety rule '{rule.name}' both routes and forbids {', '.join(both)}")
+            _refuse_duplicates(f"voice in the route of safety rule '{rule.name}'", rule.route)
+            if rule.giver not in rule.route:
+                raise ValueError(f"safety rule '{rule.name}': resources_by '{rule.giver}' is not in its route "
+                                 f"({', '.join(rule.route)})")
+        return rules
+
+    def safety_rule(self, name: str) -> SafetyRule:
+        """Return the safety rule of this name.
+
+        Raises:
+            KeyError: if the roster has no such rule; the message lists the valid names.
+        """
+        for rule in self.safety:
+            if rule.name == name:
+                return rule
+        raise KeyError(f"unknown safety rule '{name}'; valid: {', '.join(r.name for r in self.safety) or '-'}")
 
     @property
     def persona_ids(self) -> list[str]:

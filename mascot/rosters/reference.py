@@ -13,10 +13,10 @@ from typing import Any
 
 from pydantic import BaseModel
 
-from mascot.rosters.models import DirectorGuidance, Ocean, Persona, Roster, Scenario, UserProfile
+from mascot.rosters.models import DirectorGuidance, Ocean, Persona, Roster, SafetyRule, Scenario, UserProfile
 
 #: The models documented, in the order a reader meets them.
-MODELS: tuple[type[BaseModel], ...] = (Roster, Persona, DirectorGuidance, UserProfile, Ocean, Scenario)
+MODELS: tuple[type[BaseModel], ...] = (Roster, Persona, DirectorGuidance, UserProfile, Ocean, SafetyRule, Scenario)
 #: The markers around the generated text in a Markdown document.
 START = "<!-- roster-schema:start -->"
 END = "<!-- roster-schema:end -->"
@@ -96,7 +96,12 @@ def field_summary(model: type[BaseModel], name: str) -> str:
 
 
 def _properties(model: type[BaseModel]) -> dict[str, dict[str, Any]]:
-    return model.model_json_schema()["properties"]
+    properties = model.model_json_schema()["properties"]
+    for name, prop in properties.items():  # an optional value (`X | None`) is documented as X
+        kinds = [k for k in prop.get("anyOf", []) if k.get("type") != "null"]
+        if len(kinds) == 1:
+            properties[name] = {**{k: v for k, v in prop.items() if k != "anyOf"}, **kinds[0]}
+    return properties
 
 
 def _intro(model: type[BaseModel]) -> str:

@@ -91,7 +91,8 @@ def decision_points(
 
     That is after each message of the person or of a persona, except where the round
     already had ``max_speakers_per_round`` persona turns (the graph hands back without
-    asking).
+    asking), and in rounds a safety rule governed (``Episode.guards``): the route chose
+    there, not the Director, so its choice is neither rewarded nor penalised.
 
     Raises:
         ValueError: if an episode belongs to another roster.
@@ -101,6 +102,7 @@ def decision_points(
         if episode.roster != roster.id:
             raise ValueError(f"episode {episode.id} is of roster '{episode.roster}', not '{roster.id}'")
         history: list[BaseMessage] = []
+        guarded = {g.get("round") for g in episode.guards}
         rounds, round_turns = -1, 0
         for cut, message in enumerate(episode.messages, start=1):
             history.append(langchain_message(message.role, message.content, message.name))
@@ -110,7 +112,7 @@ def decision_points(
                 round_turns += 1
             else:
                 continue
-            if rounds < 0 or round_turns >= max_speakers_per_round:
+            if rounds < 0 or round_turns >= max_speakers_per_round or rounds in guarded:
                 continue
             prompt = director_messages(roster, history, round_turns=round_turns,
                                        max_speakers_per_round=max_speakers_per_round,

@@ -38,7 +38,9 @@ from mascot.policies import Policies
 from mascot.rosters import Roster, Scenario, UserProfile
 from mascot.training.episodes.episode import Episode, TurnPolicy, read_episodes
 from mascot.training.episodes.rollout import collect_episodes
+from mascot.graphs.safety import SafetyDetector, SafetyGuard
 from mascot.training.evaluation.guards import guard_metrics
+from mascot.training.evaluation.safety import safety_metrics
 from mascot.training.evaluation.metrics import Embedder, default_embedder, episode_metrics, round_redundancy
 from mascot.training.evaluation.report import SystemScores
 from mascot.training.evaluation.routing import RoutingError, load_routing_set, routing_results
@@ -216,6 +218,14 @@ def system_scores(name: str, kind: str, episodes: Sequence[Episode], judgements:
                 positions.setdefault(position, []).append(value)
     scores.tables["metrics"] = metrics
     scores.tables["guards"] = guards
+    if roster.safety:  # every system read by the same detector, the graph's guard or not
+        guard = SafetyGuard(roster, detector=SafetyDetector(roster.safety, embedder=embedder))
+        safety: dict[str, dict[str, float]] = {}
+        for episode in episodes:
+            for metric, value in safety_metrics(episode, roster, guard).items():
+                if value is not None:
+                    safety.setdefault(metric, {})[episode.id] = value
+        scores.tables["safety"] = safety
     scores.redundancy_by_position = {k: sum(v) / len(v) for k, v in positions.items()}
     return scores
 

@@ -38,15 +38,19 @@ TABLES: dict[str, dict[str, str]] = {
                "copied_actions": "Copied actions, %",
                "first_offered": "First offered, %", "offered_voices": "Voices offered",
                "routing_accuracy": "Routing right, %", "routing_misfits": "Routed to a misfit, %"},
+    # the rounds a crisis opened (evaluation.safety): the roster's safety route kept or not
+    "safety": {"crisis_rounds": "Crisis rounds", "route_followed": "Route followed, %",
+               "resources_given": "Resources given, %", "forbidden_heard": "Forbidden voices heard"},
 }
 #: Columns where lower is better.
 LOWER_IS_BETTER = {"redundancy", "refusal_rate", "echo_rate", "as_person_rate", "skipped_turns", "copied_actions",
                    "first_offered",
-                   "routing_misfits"}
+                   "routing_misfits", "forbidden_heard"}
 #: Table titles.
 TITLES = {"persona": "Persona level (judge, 0-100)", "group": "Group level (judge, 0-100)",
           "metrics": "Automatic metrics (redundancy over rounds of two or more voices)",
-          "guards": "Guard metrics (per episode, then averaged)"}
+          "guards": "Guard metrics (per episode, then averaged)",
+          "safety": "Safety (rounds a crisis message opened, by the roster's detector)"}
 #: One marker and one dash pattern per system in line plots (cycled), so that ties stay visible.
 _MARKERS = ("o", "s", "^", "D", "v", "P", "X", "*")
 _DASHES = ("-", "--", "-.", ":")
