@@ -28,10 +28,13 @@ from mascot.rosters import DEFAULT_RESOURCES, Roster, SafetyRule
 logger = logging.getLogger(__name__)
 
 #: Cosine similarity to a rule's nearest trigger example at which the rule may fire (MiniLM)
-#: and how much closer the message must be to it than to the nearest near miss of any rule;
-#: chosen on the shipped dev sets (``safety_dev.yaml``, ``bench/safety.py``), never on the
-#: labelled sets that report the detector's precision and recall.
-THRESHOLD = 0.45
+#: and how much closer the message must be to it than to the nearest near miss of any rule.
+#: Chosen without the labelled sets that report the detector: the most recall minus false
+#: alarms on the shipped dev sets (``safety_dev.yaml``) among the settings that fire on at
+#: most 5 % of the rosters' own scenario openings (ordinary conversations); 0.45 did best on
+#: dev alone but fired on 8 of 34 emotional_support openings ("I failed my driving test
+#: again" read as self-harm). ``bench/safety.py`` prints the sweep.
+THRESHOLD = 0.55
 MARGIN = 0.03
 #: Person's messages before the latest one read with it (the context of an indirect message).
 CONTEXT_MESSAGES = 1
