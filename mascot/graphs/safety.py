@@ -36,8 +36,10 @@ logger = logging.getLogger(__name__)
 #: again" read as self-harm). ``bench/safety.py`` prints the sweep.
 THRESHOLD = 0.55
 MARGIN = 0.03
-#: Person's messages before the latest one read with it (the context of an indirect message).
-CONTEXT_MESSAGES = 1
+#: Person's messages before the latest one also read joined with it (the context of an
+#: indirect message). 0: joined to "I failed again", "What should I do?" read as self-harm
+#: (0.59), so the latest message is read alone until a context rule keeps such false alarms out.
+CONTEXT_MESSAGES = 0
 
 
 @dataclass(frozen=True)
@@ -177,9 +179,10 @@ class SafetyGuard:
         if found is None:
             return None
         rule = self.roster.safety_rule(found.rule)
-        logger.warning("safety rule '%s' fired (%s, %.2f): the round follows its route %s", rule.name, found.via,
-                       found.score, " -> ".join(rule.route))
-        return {"rule": rule.name, "via": found.via, "score": found.score, "route": list(rule.route),
+        logger.warning("safety rule '%s' fired (%s, %.2f, %r): the round follows its route %s", rule.name,
+                       found.via, found.score, found.matched[:80], " -> ".join(rule.route))
+        return {"rule": rule.name, "via": found.via, "score": found.score, "matched": found.matched,
+                "route": list(rule.route),
                 "forbidden": list(rule.forbidden), "giver": rule.giver, "resources": self.resource_text(rule),
                 "seconds": round(time.perf_counter() - start, 4)}
 
