@@ -97,9 +97,10 @@ def test_each_schema_compiles_once(backend: LocalBackend, monkeypatch: pytest.Mo
     model.with_structured_output(schema)
     compiler = backend.grammars._compiler
     compiled: list[str] = []
-    compile_json_schema = compiler.compile_json_schema
-    monkeypatch.setattr(compiler, "compile_json_schema",
-                        lambda key, **kw: compiled.append(key) or compile_json_schema(key, **kw), raising=False)
+    compile_grammar = compiler.compile_grammar
+    monkeypatch.setattr(compiler, "compile_grammar",
+                        lambda grammar, **kw: compiled.append(str(grammar)) or compile_grammar(grammar, **kw),
+                        raising=False)
     for candidate in (schema, json.loads(json.dumps(schema)), schema):  # equal schemas: no compile
         model.with_structured_output(candidate, include_raw=True).invoke(PROMPT)
     assert compiled == []
@@ -122,3 +123,14 @@ def test_errors_at_construction(backend: LocalBackend, monkeypatch: pytest.Monke
     monkeypatch.setitem(sys.modules, "xgrammar", None)  # as if it were not installed
     with pytest.raises(ImportError, match=r"needs xgrammar: pip install 'mascot\[train\]'"):
         LocalChatModel(backend=fresh).with_structured_output(DIRECTION)
+
+
+@pytest.mark.parametrize("text", ["calm", "a\x07b", "tab\there", ""])
+def test_length_bounded_strings_take_no_control_characters(backend: LocalBackend, text: str) -> None:
+    import xgrammar
+
+    matcher = xgrammar.GrammarMatcher(backend.grammars.compile(DIRECTION))
+    reply = json.dumps({"speaker": "anchor", "action": "x", "tone": text}, ensure_ascii=False)
+    # json.dumps escapes control characters; the raw reply is what a sampler could write
+    raw = reply.replace("\\u0007", "\x07").replace("\\t", "\t")
+    assert matcher.accept_string(raw) is (text == "calm" or text == "")

