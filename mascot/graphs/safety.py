@@ -12,6 +12,7 @@ deployment's resource texts, and whether the guard is on (off only when a deploy
 
 from __future__ import annotations
 
+import functools
 import logging
 import re
 import time
@@ -130,10 +131,22 @@ class SafetyDetector:
             found = []
             for kind in ("triggers", "near_misses"):
                 pairs = [(rule.name, text) for rule in self.rules for text in getattr(rule, kind)]
-                vectors = np.asarray(self.embedder.encode([t for _, t in pairs]), dtype=np.float32)
-                found.append(([n for n, _ in pairs], [t for _, t in pairs], vectors if pairs else np.zeros((0, 1))))
+                texts = tuple(t for _, t in pairs)
+                # the default embedder's vectors are shared: each graph a rollout builds has
+                # its own detector of the same rules
+                vectors = (_default_vectors(texts) if self._embedder is None or self._embedder is default_embedder()
+                           else np.asarray(self.embedder.encode(list(texts)), dtype=np.float32))
+                found.append(([n for n, _ in pairs], list(texts), vectors if pairs else np.zeros((0, 1))))
             self._examples = (found[0], found[1])
         return self._examples
+
+
+@functools.lru_cache(maxsize=32)
+def _default_vectors(texts: tuple[str, ...]) -> np.ndarray:
+    """The default embedder's vectors of ``texts`` (one row each, read-only)."""
+    vectors = np.asarray(default_embedder().encode(list(texts)), dtype=np.float32)
+    vectors.setflags(write=False)
+    return vectors
 
 
 #: Rule names, texts and their embeddings (a matrix, one row each).
