@@ -21,6 +21,7 @@ GOOD = '{"speaker": "catalyst", "action": "question the word again", "tone": "cu
         ('{"speaker": "practical advisor", "action": "plan", "tone": "calm"}', "action_guide", "read as 'action_guide'"),
         ('{"Speaker": "beacon", "Action": "hope", "Tone": "bright"}', "beacon", None),
         ('{"speaker": "beacon"}', "beacon", "missing action; missing tone"),
+        ('{"speaker": "beacon", "action": "hope\x0b", "tone": "warm"}', "beacon", None),  # raw control character
         ('{"speaker": "socrates", "action": "x", "tone": "y"}', "anchor", "unknown speaker 'socrates'"),
         ('{"speaker": 3, "action": "x", "tone": "y"}', "anchor", "no speaker named"),
         ("not json at all", "anchor", "reply is not JSON"),

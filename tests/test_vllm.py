@@ -171,10 +171,10 @@ def test_rollout_on_vllm_writes_the_local_records(policy_file: Path, roster: Ros
     out = tmp_path / "episodes.jsonl"
     before = {pid for pid, line in _processes(with_pid=True) if "vllm.entrypoints" in line}
     assert main(["rollout", "--roster", "emotional_support", "--policies", str(policy_file), "--engine", "vllm",
-                 "--episodes", "4", "--max-rounds", "1", "--concurrency", "4", "--seed", "0",
-                 "--out", str(out)]) == 0, capsys.readouterr().err[-3000:]
+                 "--episodes", "2", "--max-rounds", "1", "--max-tokens", "speakers=48", "--concurrency", "2",
+                 "--seed", "0", "--out", str(out)]) == 0, capsys.readouterr().err[-3000:]
     episodes = read_episodes(out)
-    assert len(episodes) == 4
+    assert len(episodes) == 2
     for episode in episodes:
         record = json.loads(episode.model_dump_json())
         assert set(record) == set(Episode.model_fields)  # the reader's own format, field for field

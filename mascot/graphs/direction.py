@@ -112,7 +112,7 @@ def read_direction_json(output: str) -> tuple[dict[str, Any], str | None]:
     if not text:
         raise DirectionError("empty reply")
     try:
-        value = json.loads(text)
+        value = json.loads(text, strict=False)  # a raw control character in a string: vLLM's grammar lets one through
     except json.JSONDecodeError:
         pass
     else:
@@ -121,7 +121,7 @@ def read_direction_json(output: str) -> tuple[dict[str, Any], str | None]:
         raise DirectionError(f"JSON is a {type(value).__name__}, not an object")
     for candidate in [m.group(1) for m in _FENCE.finditer(text)] + _balanced_objects(text):
         try:
-            value = json.loads(candidate)
+            value = json.loads(candidate, strict=False)
         except json.JSONDecodeError:
             continue
         if isinstance(value, dict):

@@ -236,6 +236,7 @@ def _schema_parser(schema: Any) -> tuple[dict[str, Any], Any]:
 
 
 def _json_object(text: str) -> Any:
-    """Parse a grammar-constrained reply: JSON that may hold raw control characters inside
-    strings (xgrammar's JSON grammar lets a sampled vertical tab through; strict JSON does not)."""
+    """Parse a grammar-constrained reply leniently: raw control characters inside strings are
+    read (the local grammar keeps them out, see ``grammar._json_grammar``; a grammar compiled
+    by another xgrammar may not)."""
     return json.loads(text, strict=False)
