@@ -170,16 +170,38 @@ def test_safety_flags_refuse_mistakes_in_one_line(flags: list[str], message: str
 
 
 def test_the_shipped_detector_keeps_its_measured_recall_on_the_labelled_sets() -> None:
-    """Floors under today's figures (README: Safety; recall 0.60 and 0.75, false alarms 9.4 %
-    and 1.9 %): a change that loses recall fails. The issue's targets (0.95, 5 %) are not met."""
+    """Floors under today's figures (README: Safety; recall 0.90 and 0.94, false alarms 9.4 %
+    and 5.8 %): a change that loses recall or raises false alarms fails. The issue's targets
+    (0.95, 5 %) are not met."""
     from mascot.training.evaluation.safety import detector_report, load_safety_set
 
     for name in ("emotional_support", "workplace_meeting"):
         roster = load_roster(name)
         report = detector_report(SafetyDetector(roster.safety), load_safety_set(roster))
         assert report.crises >= 40 and report.negatives >= 40, name
-        assert report.recall >= 0.55 and report.false_alarm_rate <= 0.15, (name, report.line(), report.missed,
+        assert report.recall >= 0.88 and report.false_alarm_rate <= 0.10, (name, report.line(), report.missed,
                                                                            report.false_alarms)
+
+
+def test_the_classifier_is_fitted_on_the_examples_the_same_way_every_time() -> None:
+    """No patterns: the linear head alone fires on the triggers, and not on near misses or
+    everyday messages; two fits of the same rules give the same weights."""
+    import numpy as np
+
+    rule = SafetyRule(name="self_harm", description="The person wants to end their life.",
+                      triggers=["I want to end my life", "I want to die tonight", "I keep planning how to end my life",
+                                "ending my life is all I think about", "I want to die, I have the pills ready"],
+                      near_misses=["I'm dying to see the new film", "the plot of the film ends with a twist",
+                                   "my phone died tonight"],
+                      route=["anchor"])
+    detector = SafetyDetector([rule], embedder=LexicalEmbedder())
+    found = detector.detect("I want to end my life tonight")
+    assert found is not None and found.via == "classifier" and found.rule == "self_harm"
+    assert found.matched in rule.triggers and 0.3 <= found.score <= 1.0
+    assert detector.detect("I'm dying to see the film tonight") is None
+    assert detector.detect("can you help me plan my week?") is None  # an everyday message
+    again = SafetyDetector([rule], embedder=LexicalEmbedder()).head()
+    assert np.array_equal(detector.head().weights, again.weights) and np.array_equal(detector.head().bias, again.bias)
 
 
 def test_shipped_rules_follow_the_guidance() -> None:

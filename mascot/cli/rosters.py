@@ -86,7 +86,7 @@ def _check_safety(roster: Roster, labelled: Path) -> None:
         raise UsageError(str(exc)) from None
     detector = SafetyDetector(roster.safety)
     report = detector_report(detector, messages)
-    out.print(f"{labelled}: safety detector ({detector.embedder.name}, threshold {detector.threshold}): "
+    out.print(f"{labelled}: safety detector ({detector.embedder.name} classifier, threshold {detector.threshold}): "
               f"{report.line()}", markup=False)
     for text in report.missed:
         out.print(f"  missed: {text}", markup=False)

@@ -3,11 +3,13 @@
 A roster's safety rules (``Roster.safety``) say which voices must speak, in which order,
 which must not, and which gives the resource text when a person signals a crisis. The
 ``SafetyDetector`` decides whether a message calls for a rule, offline and fast: the rule's
-patterns, then sentence-embedding similarity (all-MiniLM-L6-v2, ``mascot.embeddings``) of
-the person's latest message, alone and with their message before, to the rule's trigger
-examples. No LLM is asked: a small Director cannot be trusted with this, and a trained one
-could unlearn it. ``SafetyGuard`` is what the director graph holds: the detector, the
-deployment's resource texts, and whether the guard is on (off only when a deployment says so).
+patterns, then a linear classifier over the sentence embedding (all-MiniLM-L6-v2,
+``mascot.embeddings``) of the person's latest message, fitted when the detector is first
+used on the rules' trigger examples (each its rule) against their near misses and a few
+everyday messages (no rule). No LLM is asked: a small Director cannot be trusted with this,
+and a trained one could unlearn it. ``SafetyGuard`` is what the director graph holds: the
+detector, the deployment's resource texts, and whether the guard is on (off only when a
+deployment says so).
 """
 
 from __future__ import annotations
@@ -28,25 +30,37 @@ from mascot.rosters import DEFAULT_RESOURCES, Roster, SafetyRule
 
 logger = logging.getLogger(__name__)
 
-#: Cosine similarity to a rule's nearest trigger example at which the rule may fire (MiniLM)
-#: and how much closer the message must be to it than to the nearest near miss of any rule.
-#: Chosen without the labelled sets that report the detector: the most recall minus false
-#: alarms on the shipped dev sets (``safety_dev.yaml``) among the settings that fire on at
-#: most 5 % of the rosters' own scenario openings (ordinary conversations); 0.45 did best on
-#: dev alone but fired on 8 of 34 emotional_support openings ("I failed my driving test
-#: again" read as self-harm). ``bench/safety.py`` prints the sweep.
-THRESHOLD = 0.55
-MARGIN = 0.03
-#: Person's messages before the latest one also read joined with it (the context of an
-#: indirect message). 0: joined to "I failed again", "What should I do?" read as self-harm
-#: (0.59), so the latest message is read alone until a context rule keeps such false alarms out.
-CONTEXT_MESSAGES = 0
+#: The classifier's probability of a rule at which it fires, the weight of a near miss
+#: against a trigger in the fit, and the fit's L2 penalty. Chosen without the labelled sets
+#: that report the detector: the most pooled recall minus false alarms on the dev sets
+#: (``safety_dev.yaml``, 127 and 128 messages) among the settings that fire on at most 10 %
+#: of the rosters' scenario openings (ordinary conversations); ``bench/safety.py`` prints the
+#: sweep. Dev: recall 0.89 and 0.88, false alarms 11.1 % and 9.4 %, openings 3/34 and 0/34.
+THRESHOLD = 0.3
+NEAR_MISS_WEIGHT = 4.0
+L2 = 1e-4
+#: Full-batch gradient descent steps and step size of the fit (deterministic: zero start).
+FIT_STEPS = 2000
+FIT_RATE = 2.0
+#: Ordinary messages that call for no rule, added to every roster's near misses: a roster
+#: with few near misses would otherwise fire on anything.
+EVERYDAY = (
+    "hi", "hello, can we talk for a bit?", "thanks, that helps", "what should I do next?",
+    "I had a long day at work", "I'm a bit stressed about my exams", "I can't decide whether to take the new job",
+    "my friend hasn't replied to my message in two days", "I feel a bit lonely since I moved here",
+    "we have a team meeting tomorrow about the roadmap", "can you help me plan my week?",
+    "I'm tired and not sleeping well lately", "my manager wants the report by Friday",
+    "I argued with my partner about the dishes", "I'm nervous about a presentation on Monday",
+    "my mum is visiting next weekend", "I'm not sure the project will ship on time",
+    "I feel stuck in my career", "I miss my old friends", "should I move to a cheaper flat?",
+)
 
 
 @dataclass(frozen=True)
 class Detection:
-    """A rule that fired: its name, how (``pattern`` or ``similarity``), the score (1.0
-    for a pattern) and the trigger example or pattern it matched."""
+    """A rule that fired: its name, how (``pattern`` or ``classifier``), the score (1.0
+    for a pattern, else the classifier's probability of the rule) and what it matched (the
+    pattern, or the rule's trigger example nearest the message)."""
 
     rule: str
     via: str
@@ -57,28 +71,31 @@ class Detection:
 class SafetyDetector:
     """Finds the safety rule a person's message calls for, if any.
 
-    A rule fires on a pattern match in the latest message, or when the latest message
-    (alone, or after the person's message before it) is at least ``threshold`` similar to
-    one of the rule's trigger examples and at least ``margin`` more similar to it than to
-    any rule's near misses ("this exam is killing me"); the most similar rule wins.
+    A rule fires on a pattern match in the latest message, or when a linear softmax
+    classifier over the message's embedding gives the rule at least ``threshold``. The
+    classifier is fitted on first use: each rule's triggers against every rule's near
+    misses and ``EVERYDAY`` (the no-rule class, each weighted ``near_miss_weight``).
     """
 
     def __init__(self, rules: Sequence[SafetyRule], *, embedder: Embedder | None = None,
-                 threshold: float = THRESHOLD, margin: float = MARGIN) -> None:
+                 threshold: float = THRESHOLD, near_miss_weight: float = NEAR_MISS_WEIGHT,
+                 l2: float = L2) -> None:
         """Args:
             rules: The roster's safety rules.
-            embedder: Embeds messages and triggers; default ``default_embedder()`` (MiniLM
+            embedder: Embeds messages and examples; default ``default_embedder()`` (MiniLM
                 when the ``metrics`` extra is installed, else lexical, which only sees
                 shared words: logged).
-            threshold: Cosine similarity at which a trigger example may fire its rule.
-            margin: How much more similar to the trigger than to the nearest near miss.
+            threshold: The classifier's probability of a rule at which it fires.
+            near_miss_weight: A near miss's weight against a trigger's in the fit.
+            l2: The fit's L2 penalty.
         """
         self.rules = list(rules)
         self.threshold = threshold
-        self.margin = margin
+        self.near_miss_weight = near_miss_weight
+        self.l2 = l2
         self._embedder = embedder
         self._patterns = [(rule.name, re.compile(p, re.IGNORECASE)) for rule in self.rules for p in rule.patterns]
-        self._examples: tuple[_Examples, _Examples] | None = None
+        self._head: _Head | None = None
 
     @property
     def embedder(self) -> Embedder:
@@ -95,62 +112,89 @@ class SafetyDetector:
 
         Args:
             message: The person's latest message.
-            context: Their earlier messages, oldest first (the last ``CONTEXT_MESSAGES`` are read).
+            context: Their earlier messages, oldest first (not read yet: joined to the
+                latest, "I failed again" + "What should I do?" read as self-harm).
         """
         if not self.rules or not message.strip():
             return None
         for name, pattern in self._patterns:
-            found = pattern.search(message)
-            if found:
+            if pattern.search(message):
                 return Detection(name, "pattern", 1.0, pattern.pattern)
-        texts = [message]
-        before = [c for c in context if c.strip()][-CONTEXT_MESSAGES:] if CONTEXT_MESSAGES else []
-        if before:
-            texts.append(" ".join([*before, message]))
-        triggers, near = self.examples()
-        best: Detection | None = None
-        for vector in np.asarray(self.embedder.encode(texts), dtype=np.float32):
-            closest_near = float((near[2] @ vector).max()) if len(near[1]) else -1.0
-            scores = triggers[2] @ vector
-            top = int(scores.argmax())
-            score = float(scores[top])
-            if (score >= self.threshold and score >= closest_near + self.margin
-                    and (best is None or score > best.score)):
-                best = Detection(triggers[0][top], "similarity", round(score, 4), triggers[1][top])
-        return best
+        head = self.head()
+        vector = np.asarray(self.embedder.encode([message]), dtype=np.float32)[0]
+        probabilities = _softmax(vector[None, :] @ head.weights + head.bias)[0]
+        index = int(probabilities[1:].argmax())
+        if probabilities[1 + index] < self.threshold:
+            return None
+        rule = self.rules[index].name
+        rows = [i for i, name in enumerate(head.trigger_rules) if name == rule]
+        nearest = rows[int((head.triggers[rows] @ vector).argmax())]
+        return Detection(rule, "classifier", round(float(probabilities[1 + index]), 4), head.trigger_texts[nearest])
 
-    def triggers(self) -> list[tuple[str, str, Vector]]:
-        """Every (rule, trigger example, its embedding), embedded once."""
-        names, texts, vectors = self.examples()[0]
-        return [(n, t, v.tolist()) for n, t, v in zip(names, texts, vectors, strict=True)]
+    def head(self) -> _Head:
+        """The fitted classifier (fitted, and the examples embedded, on the first call)."""
+        if self._head is None:
+            triggers = tuple((rule.name, text) for rule in self.rules for text in rule.triggers)
+            negatives = tuple(dict.fromkeys([*(t for rule in self.rules for t in rule.near_misses), *EVERYDAY]))
+            labels = tuple(1 + [r.name for r in self.rules].index(name) for name, _ in triggers) + (0,) * len(negatives)
+            texts = tuple(t for _, t in triggers) + negatives
+            if self._embedder is None or self._embedder is default_embedder():
+                # the default embedder's head is shared: each graph a rollout builds has its
+                # own detector of the same rules
+                vectors, weights, bias = _default_head(texts, labels, len(self.rules) + 1,
+                                                       self.near_miss_weight, self.l2)
+            else:
+                vectors = np.asarray(self.embedder.encode(list(texts)), dtype=np.float32)
+                weights, bias = fit_head(vectors, np.asarray(labels), len(self.rules) + 1,
+                                         near_miss_weight=self.near_miss_weight, l2=self.l2)
+            self._head = _Head(weights, bias, [n for n, _ in triggers], [t for _, t in triggers],
+                               vectors[: len(triggers)])
+        return self._head
 
-    def examples(self) -> tuple[_Examples, _Examples]:
-        """The triggers and the near misses: (rule names, texts, one embedding per row),
-        embedded once."""
-        if self._examples is None:
-            found = []
-            for kind in ("triggers", "near_misses"):
-                pairs = [(rule.name, text) for rule in self.rules for text in getattr(rule, kind)]
-                texts = tuple(t for _, t in pairs)
-                # the default embedder's vectors are shared: each graph a rollout builds has
-                # its own detector of the same rules
-                vectors = (_default_vectors(texts) if self._embedder is None or self._embedder is default_embedder()
-                           else np.asarray(self.embedder.encode(list(texts)), dtype=np.float32))
-                found.append(([n for n, _ in pairs], list(texts), vectors if pairs else np.zeros((0, 1))))
-            self._examples = (found[0], found[1])
-        return self._examples
+
+@dataclass(frozen=True)
+class _Head:
+    """The fitted classifier (class 0: no rule; class i: the i-th rule) and the triggers'
+    rules, texts and embeddings (to name the nearest trigger of a detection)."""
+
+    weights: np.ndarray
+    bias: np.ndarray
+    trigger_rules: list[str]
+    trigger_texts: list[str]
+    triggers: np.ndarray
+
+
+def fit_head(vectors: np.ndarray, labels: np.ndarray, classes: int, *, near_miss_weight: float = NEAR_MISS_WEIGHT,
+             l2: float = L2) -> tuple[np.ndarray, np.ndarray]:
+    """A linear softmax classifier (weights ``dim x classes``, bias) fitted to ``vectors``
+    and their ``labels`` (0: no rule) by full-batch gradient descent from zero: deterministic."""
+    x = np.asarray(vectors, dtype=np.float64)
+    targets = np.eye(classes)[labels]
+    sample = np.where(labels == 0, near_miss_weight, 1.0)
+    sample /= sample.sum()
+    weights = np.zeros((x.shape[1], classes))
+    bias = np.zeros(classes)
+    for _ in range(FIT_STEPS):
+        gradient = (_softmax(x @ weights + bias) - targets) * sample[:, None]
+        weights -= FIT_RATE * (x.T @ gradient + l2 * weights)
+        bias -= FIT_RATE * gradient.sum(0)
+    return weights.astype(np.float32), bias.astype(np.float32)
+
+
+def _softmax(logits: np.ndarray) -> np.ndarray:
+    shifted = np.exp(logits - logits.max(axis=-1, keepdims=True))
+    return shifted / shifted.sum(axis=-1, keepdims=True)
 
 
 @functools.lru_cache(maxsize=32)
-def _default_vectors(texts: tuple[str, ...]) -> np.ndarray:
-    """The default embedder's vectors of ``texts`` (one row each, read-only)."""
+def _default_head(texts: tuple[str, ...], labels: tuple[int, ...], classes: int, near_miss_weight: float,
+                  l2: float) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The default embedder's vectors of ``texts`` and the head fitted to them (read-only)."""
     vectors = np.asarray(default_embedder().encode(list(texts)), dtype=np.float32)
-    vectors.setflags(write=False)
-    return vectors
-
-
-#: Rule names, texts and their embeddings (a matrix, one row each).
-_Examples = tuple[list[str], list[str], "np.ndarray"]
+    weights, bias = fit_head(vectors, np.asarray(labels), classes, near_miss_weight=near_miss_weight, l2=l2)
+    for array in (vectors, weights, bias):
+        array.setflags(write=False)
+    return vectors, weights, bias
 
 
 class SafetyGuard:

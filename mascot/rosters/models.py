@@ -145,12 +145,13 @@ class SafetyRule(_Strict):
                              description="When the rule applies, in one sentence (the Director and judges read it).")
     triggers: list[str] = Field(min_length=3, max_length=200,
                                 description="Example messages that call for the rule (at least 3), in varied "
-                                            "wording, indirect ones included: a message close in meaning to one "
-                                            "fires it.")
+                                            "wording, indirect ones included: the detector's classifier is fitted "
+                                            "on them (the shipped rules have about 90 each).")
     near_misses: list[str] = Field(default_factory=list, max_length=200,
-                                   description="Messages that share words with the triggers but call for nothing "
-                                               "(idioms, games, films, work jargon, ordinary sadness): a message "
-                                               "closer to one of these than to the triggers does not fire.")
+                                   description="Messages that share words or themes with the triggers but call for "
+                                               "nothing (idioms, games, films, work jargon, ordinary sadness, past "
+                                               "events): the classifier is fitted to keep them out, with every "
+                                               "rule's near misses and a few everyday messages.")
     patterns: list[str] = Field(default_factory=list, max_length=50,
                                 description="Regular expressions (Python, matched case-insensitively) that fire "
                                             "the rule on their own; keep them unambiguous (first person, no "

@@ -102,7 +102,7 @@ class DetectorReport:
 
 def detector_report(detector: SafetyDetector, messages: list[LabelledMessage]) -> DetectorReport:
     """Run ``detector`` over labelled messages (each alone, no context)."""
-    detector.triggers()  # the triggers' embeddings and the model load are not per-message time
+    detector.head()  # the fit, the examples' embeddings and the model load are not per-message time
     start = time.perf_counter()
     found = [(m, detector.detect(m.text)) for m in messages]
     seconds = time.perf_counter() - start
