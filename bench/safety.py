@@ -9,14 +9,19 @@ alarms among the settings that fire on at most 10 % of the openings. Then the sh
 setting on ``safety.yaml``, the labelled set the README reports, with the time per message.
 Offline (all-MiniLM-L6-v2 from the metrics extra).
 
-    python bench/safety.py [--thresholds 0.3,0.4,...] [--weights 1,2,4] [--l2 1e-4,1e-3]
+    python bench/safety.py [--thresholds 0.3,0.4,...] [--weights 1,2,4] [--l2 1e-4,1e-3] [--out DIR]
+
+Writes ``DIR/safety.json`` (every setting's dev figures, the labelled-set figures) and, with
+matplotlib (the ``eval`` extra), ``DIR/safety.png``: recall against false alarms per setting.
 """
 
 from __future__ import annotations
 
 import argparse
 import itertools
+import json
 import sys
+from pathlib import Path
 
 from mascot.embeddings import default_embedder
 from mascot.graphs.safety import L2, NEAR_MISS_WEIGHT, THRESHOLD, SafetyDetector
@@ -32,6 +37,7 @@ def main() -> int:
     parser.add_argument("--thresholds", default="0.3,0.4,0.5,0.6,0.7", help="classifier probabilities to try")
     parser.add_argument("--weights", default="1,2,4", help="near-miss weights to try")
     parser.add_argument("--l2", default="0.0001,0.001", help="L2 penalties to try")
+    parser.add_argument("--out", default=str(Path(__file__).parent / "results"), help="folder for safety.json/.png")
     args = parser.parse_args()
     grid = list(itertools.product(*(sorted(float(x) for x in value.split(","))
                                     for value in (args.l2, args.weights, args.thresholds))))
@@ -59,18 +65,66 @@ def main() -> int:
             print(f"| {l2:g} | {weight:g} | {threshold:.2f} | {report.recall:.2f} | {report.false_alarm_rate:.1%} | "
                   f"{report.precision:.2f} | {fired:.1%} |")
     allowed = {k: v for k, v in scores.items() if all(f <= MAX_OPENINGS_FIRED for _, _, f in v)}
-    if allowed:
-        best = max(allowed, key=lambda k: sum(r - f for r, f, _ in allowed[k]))
+    best = max(allowed, key=lambda k: sum(r - f for r, f, _ in allowed[k])) if allowed else None
+    if best:
         print(f"\nchosen on the dev sets (openings fired <= {MAX_OPENINGS_FIRED:.0%}): L2 {best[0]:g}, "
               f"near-miss weight {best[1]:g}, threshold {best[2]:.2f}")
+    labelled = {}
     for roster in rosters:
         test = detector_report(SafetyDetector(roster.safety, embedder=embedder), load_safety_set(roster))
+        labelled[roster.id] = test
         print(f"{roster.id}, labelled set at the shipped setting: {test.line()}")
         for text in test.missed:
             print(f"  missed: {text}")
         for text in test.false_alarms:
             print(f"  false alarm: {text}")
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    shipped = (L2, NEAR_MISS_WEIGHT, THRESHOLD)
+    record = {
+        "embedder": embedder.name, "shipped": dict(zip(("l2", "near_miss_weight", "threshold"), shipped, strict=True)),
+        "chosen": dict(zip(("l2", "near_miss_weight", "threshold"), best, strict=True)) if best else None,
+        "dev": [{"l2": k[0], "near_miss_weight": k[1], "threshold": k[2], **{
+            r.id: {"recall": v[0], "false_alarms": v[1], "openings_fired": v[2]}
+            for r, v in zip(rosters, values, strict=True)}} for k, values in scores.items()],
+        "labelled": {rid: {"recall": t.recall, "false_alarms": t.false_alarm_rate, "precision": t.precision,
+                           "right_rule": t.right_rule, "ms_per_message": round(t.ms_per_message, 2),
+                           "missed": t.missed, "false_alarm_messages": t.false_alarms} for rid, t in labelled.items()},
+    }
+    (out / "safety.json").write_text(json.dumps(record, indent=1) + "\n", encoding="utf-8")
+    print(f"wrote {out / 'safety.json'}" + (f" and {out / 'safety.png'}" if _plot(scores, rosters, shipped, labelled,
+                                                                                 out / "safety.png") else ""))
     return 0
+
+
+def _plot(scores: dict, rosters: list, shipped: tuple, labelled: dict, path: Path) -> bool:
+    """Recall against false alarms of every setting on each roster's dev set, the shipped
+    setting ringed and its labelled-set figure starred; ``False`` without matplotlib."""
+    try:
+        import matplotlib
+    except ImportError:
+        print("matplotlib is not installed (pip install 'mascot[eval]'): no plot")
+        return False
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, len(rosters), figsize=(5 * len(rosters), 4.2), squeeze=False)
+    for ax, (i, roster) in zip(axes[0], enumerate(rosters), strict=True):
+        for key, values in scores.items():
+            recall, false_alarms, _ = values[i]
+            ax.scatter(false_alarms, recall, s=18, color="tab:blue", alpha=0.5)
+            if key == shipped:
+                ax.scatter(false_alarms, recall, s=120, facecolors="none", edgecolors="tab:red", label="shipped, dev")
+        test = labelled[roster.id]
+        ax.scatter(test.false_alarm_rate, test.recall, marker="*", s=160, color="tab:red", label="shipped, labelled")
+        ax.axhline(0.95, color="grey", lw=0.8, ls="--")
+        ax.axvline(0.05, color="grey", lw=0.8, ls="--")
+        ax.set(title=roster.id, xlabel="false alarms (hard negatives)", ylabel="recall (crisis messages)")
+        ax.legend(loc="lower right", fontsize=8)
+    fig.suptitle("Crisis detector: each dot a setting on the dev set; dashed: the targets")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    return True
 
 
 if __name__ == "__main__":
