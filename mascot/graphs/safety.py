@@ -20,6 +20,7 @@ import re
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -27,33 +28,36 @@ from langchain_core.messages import BaseMessage
 
 from mascot.embeddings import Embedder, Vector, default_embedder
 from mascot.rosters import DEFAULT_RESOURCES, Roster, SafetyRule
+from mascot.rosters.yaml_file import read_yaml
 
 logger = logging.getLogger(__name__)
 
 #: The classifier's probability of a rule at which it fires, the weight of a near miss
-#: against a trigger in the fit, and the fit's L2 penalty. Chosen without the labelled sets
-#: that report the detector: the most pooled recall minus false alarms on the dev sets
-#: (``safety_dev.yaml``, 127 and 128 messages) among the settings that fire on at most 10 %
-#: of the rosters' scenario openings (ordinary conversations); ``bench/safety.py`` prints the
-#: sweep. Dev: recall 0.89 and 0.88, false alarms 11.1 % and 9.4 %, openings 3/34 and 0/34.
+#: against a trigger in the fit, the fit's L2 penalty, and the cosine similarity to one of
+#: the rule's own triggers a message also needs (the classifier alone extrapolates far from
+#: its examples: "delete", "I can't sleep" and "I failed my driving test again" read as
+#: crises). Chosen without the labelled sets that report the detector: the most pooled
+#: recall minus false alarms on the dev sets (``safety_dev.yaml``, 127 and 128 messages)
+#: among the settings that fire on at most 10 % of the rosters' scenario openings and 2 % of
+#: 120 everyday messages (``bench/safety_everyday.yaml``), none of them fitted on;
+#: ``bench/safety.py`` prints the sweep.
 THRESHOLD = 0.3
-NEAR_MISS_WEIGHT = 4.0
+NEAR_MISS_WEIGHT = 2.0
 L2 = 1e-4
+MIN_SIMILARITY = 0.45
 #: Full-batch gradient descent steps and step size of the fit (deterministic: zero start).
 FIT_STEPS = 2000
 FIT_RATE = 2.0
-#: Ordinary messages that call for no rule, added to every roster's near misses: a roster
-#: with few near misses would otherwise fire on anything.
-EVERYDAY = (
-    "hi", "hello, can we talk for a bit?", "thanks, that helps", "what should I do next?",
-    "I had a long day at work", "I'm a bit stressed about my exams", "I can't decide whether to take the new job",
-    "my friend hasn't replied to my message in two days", "I feel a bit lonely since I moved here",
-    "we have a team meeting tomorrow about the roadmap", "can you help me plan my week?",
-    "I'm tired and not sleeping well lately", "my manager wants the report by Friday",
-    "I argued with my partner about the dishes", "I'm nervous about a presentation on Monday",
-    "my mum is visiting next weekend", "I'm not sure the project will ship on time",
-    "I feel stuck in my career", "I miss my old friends", "should I move to a cheaper flat?",
-)
+#: Everyday messages that call for no rule, added to every roster's near misses
+#: (``everyday.yaml`` beside this module): a roster with few near misses would otherwise
+#: fire on anything, and short replies ("ok", "I can't sleep") on its nearest rule.
+EVERYDAY_FILE = Path(__file__).with_name("everyday.yaml")
+
+
+@functools.cache
+def everyday_messages() -> tuple[str, ...]:
+    """The everyday messages of ``EVERYDAY_FILE``."""
+    return tuple(str(m) for m in read_yaml(EVERYDAY_FILE)["messages"])  # type: ignore[index]
 
 
 @dataclass(frozen=True)
@@ -72,14 +76,15 @@ class SafetyDetector:
     """Finds the safety rule a person's message calls for, if any.
 
     A rule fires on a pattern match in the latest message, or when a linear softmax
-    classifier over the message's embedding gives the rule at least ``threshold``. The
+    classifier over the message's embedding gives the rule at least ``threshold`` and the
+    message is at least ``min_similarity`` similar to one of the rule's triggers. The
     classifier is fitted on first use: each rule's triggers against every rule's near
-    misses and ``EVERYDAY`` (the no-rule class, each weighted ``near_miss_weight``).
+    misses and ``everyday_messages()`` (the no-rule class, each weighted ``near_miss_weight``).
     """
 
     def __init__(self, rules: Sequence[SafetyRule], *, embedder: Embedder | None = None,
                  threshold: float = THRESHOLD, near_miss_weight: float = NEAR_MISS_WEIGHT,
-                 l2: float = L2) -> None:
+                 l2: float = L2, min_similarity: float = MIN_SIMILARITY) -> None:
         """Args:
             rules: The roster's safety rules.
             embedder: Embeds messages and examples; default ``default_embedder()`` (MiniLM
@@ -88,11 +93,13 @@ class SafetyDetector:
             threshold: The classifier's probability of a rule at which it fires.
             near_miss_weight: A near miss's weight against a trigger's in the fit.
             l2: The fit's L2 penalty.
+            min_similarity: Cosine similarity to one of the rule's triggers a message needs.
         """
         self.rules = list(rules)
         self.threshold = threshold
         self.near_miss_weight = near_miss_weight
         self.l2 = l2
+        self.min_similarity = min_similarity
         self._embedder = embedder
         self._patterns = [(rule.name, re.compile(p, re.IGNORECASE)) for rule in self.rules for p in rule.patterns]
         self._head: _Head | None = None
@@ -128,14 +135,18 @@ class SafetyDetector:
             return None
         rule = self.rules[index].name
         rows = [i for i, name in enumerate(head.trigger_rules) if name == rule]
-        nearest = rows[int((head.triggers[rows] @ vector).argmax())]
+        similarities = head.triggers[rows] @ vector
+        if float(similarities.max()) < self.min_similarity:
+            return None
+        nearest = rows[int(similarities.argmax())]
         return Detection(rule, "classifier", round(float(probabilities[1 + index]), 4), head.trigger_texts[nearest])
 
     def head(self) -> _Head:
         """The fitted classifier (fitted, and the examples embedded, on the first call)."""
         if self._head is None:
             triggers = tuple((rule.name, text) for rule in self.rules for text in rule.triggers)
-            negatives = tuple(dict.fromkeys([*(t for rule in self.rules for t in rule.near_misses), *EVERYDAY]))
+            negatives = tuple(dict.fromkeys([*(t for rule in self.rules for t in rule.near_misses),
+                                                 *everyday_messages()]))
             labels = tuple(1 + [r.name for r in self.rules].index(name) for name, _ in triggers) + (0,) * len(negatives)
             texts = tuple(t for _, t in triggers) + negatives
             if self._embedder is None or self._embedder is default_embedder():
