@@ -26,7 +26,7 @@ from typing import Any
 import numpy as np
 from langchain_core.messages import BaseMessage
 
-from mascot.embeddings import Embedder, Vector, default_embedder
+from mascot.embeddings import Embedder, default_embedder
 from mascot.rosters import DEFAULT_RESOURCES, Roster, SafetyRule
 from mascot.rosters.yaml_file import read_yaml
 
