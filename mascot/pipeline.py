@@ -25,6 +25,7 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from mascot.policies.allocator import allocator_env
 from mascot.rosters.yaml_file import YamlFileError, read_yaml
 
 
@@ -296,6 +297,7 @@ def run_pipeline(
 
                 if pool is None:
                     pool = engines.enter_context(VllmPool(lora_rank=_lora_rank(recipe, base), attach={},
+                                                          lora_target_modules=_lora_modules(recipe, base),
                                                           announce=lambda line: on_stage("engine", line)))
                 try:
                     needed = _stage_bases(argv, recipe, base)
@@ -306,6 +308,8 @@ def run_pipeline(
                 stage_env = {**(env if env is not None else os.environ), VLLM_SERVERS_ENV: json.dumps(urls)}
             elif pool is not None:  # a training stage: every server's memory goes to it
                 pool.keep([])
+            if argv[0].startswith("train-"):  # freed memory kept (mascot.policies.allocator)
+                stage_env = allocator_env(env)
             on_stage(name, "running")
             started = time.monotonic()
             result = subprocess.run([sys.executable, "-m", "mascot", *argv], capture_output=True, text=True,
@@ -362,17 +366,36 @@ def _lora_rank(recipe: PipelineRecipe, base: Path) -> int:
         if "--lora_r" in flags[:-1] and flags[flags.index("--lora_r") + 1].isdigit():
             ranks.append(int(flags[flags.index("--lora_r") + 1]))
             continue
-        if not stage.config:
-            continue
-        local = _path(stage.config, base)
-        shipped = Path(__file__).parent / "training" / "fitting" / "recipes" / f"{stage.config.removesuffix('.yaml')}.yaml"
-        for candidate in (local, shipped):
-            if candidate.is_file():
-                value = (yaml.safe_load(candidate.read_text(encoding="utf-8")) or {}).get("lora_r")
-                if isinstance(value, int):
-                    ranks.append(value)
-                break
+        value = _recipe_value(stage.config, base, "lora_r")
+        if isinstance(value, int):
+            ranks.append(value)
     return max(ranks)
+
+
+def _lora_modules(recipe: PipelineRecipe, base: Path) -> list[str] | None:
+    """The modules the adapted stages' recipes adapt (``lora_target_modules``), so the pipeline's
+    vLLM servers put LoRA on those alone; ``None`` (every linear layer) when a stage does not
+    list them or sets them by flag."""
+    names: set[str] = set()
+    for stage in (recipe.speakers, recipe.director, *([recipe.sft] if recipe.sft else [])):
+        value = None if "--lora_target_modules" in stage.flags else _recipe_value(stage.config, base,
+                                                                                  "lora_target_modules")
+        if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+            return None
+        names.update(value)
+    return sorted(names) or None
+
+
+def _recipe_value(config: str | None, base: Path, key: str) -> Any:
+    """``key`` of a stage's recipe file (the run's own, else a shipped one), or ``None``."""
+    if not config:
+        return None
+    local = _path(config, base)
+    shipped = Path(__file__).parent / "training" / "fitting" / "recipes" / f"{config.removesuffix('.yaml')}.yaml"
+    for candidate in (local, shipped):
+        if candidate.is_file():
+            return (yaml.safe_load(candidate.read_text(encoding="utf-8")) or {}).get(key)
+    return None
 
 
 def _base_policies(recipe: PipelineRecipe, base: Path, out: Path) -> None:

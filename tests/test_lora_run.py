@@ -118,3 +118,24 @@ def test_a_policy_adapter_is_no_reward_model(cards: dict, tmp_path: Path) -> Non
     (folder / "adapter_card.json").write_text(json.dumps(cards["anchor"][0]))
     with pytest.raises(RewardModelError, match="is not a reward model but a grpo adapter"):
         RewardModel.load(folder)
+
+
+def test_lora_on_the_upper_layers_trains_those_alone(tiny_model: Path, tmp_path: Path) -> None:
+    from safetensors.torch import load_file
+
+    from mascot.training.fitting.speaker_dpo import SpeakerDPOConfig
+
+    train_speaker_dpo(PAIRS, base=str(tiny_model), persona="beacon", out=tmp_path, data="pairs.jsonl",
+                      config={**LORA, "lora_layer_share": 0.5, "lora_target_modules": ["q_proj", "v_proj"],
+                              "training": {"max_steps": 2, "per_device_train_batch_size": 2, "learning_rate": 0.05,
+                                           "disable_tqdm": True}})
+    config = json.loads((tmp_path / "beacon" / "adapter_config.json").read_text())
+    assert config["layers_to_transform"] == [1]  # the tiny model's upper half of 2 layers
+    weights = load_file(str(tmp_path / "beacon" / "adapter_model.safetensors"))
+    assert weights and all(".layers.1." in name for name in weights)
+    assert any(name.endswith("lora_B.weight") and float(w.abs().sum()) > 0 for name, w in weights.items())  # moved
+    for share in (0.0, 1.5):
+        with pytest.raises(ValueError, match=f"lora_layer_share={share}: must be in"):
+            SpeakerDPOConfig(lora_layer_share=share, lora_target_modules=["q_proj"])
+    with pytest.raises(ValueError, match="needs lora_target_modules as a list of names"):
+        SpeakerDPOConfig(lora_layer_share=0.5)  # "all-linear"

@@ -55,6 +55,16 @@ def test_a_warm_start_stage_is_where_training_starts_and_an_eval_system(tmp_path
     from mascot.pipeline import _lora_rank
 
     assert _lora_rank(recipe, tmp_path) == 32  # the vLLM servers take the warm start's rank
+    from mascot.pipeline import _lora_modules
+
+    for name in ("sft.yaml", "speakers.yaml", "director.yaml"):
+        (tmp_path / name).write_text(yaml.safe_dump({"lora_target_modules": ["q_proj", "o_proj"]}))
+    modules = {**RECIPE, "sft": {"config": "sft.yaml"}, "speakers": {"config": "speakers.yaml"},
+               "director": {"config": "director.yaml"}}
+    assert _lora_modules(load_recipe(write(tmp_path, modules)), tmp_path) == ["o_proj", "q_proj"]
+    # a stage that adapts every linear layer, or says nothing: the servers put LoRA everywhere
+    (tmp_path / "director.yaml").write_text(yaml.safe_dump({"lora_target_modules": "all-linear"}))
+    assert _lora_modules(load_recipe(write(tmp_path, modules)), tmp_path) is None
     assert "--sft" not in dict(stages(load_recipe(write(tmp_path, RECIPE)), tmp_path))["eval"]
 
 

@@ -37,7 +37,7 @@ def add_commands(commands: argparse._SubParsersAction) -> None:
     train_rm.add_argument("--pairs", required=True, metavar="DIR", help="folder from mascot pairs")
     add_recipe_flags(train_rm, "RewardModelConfig", "RewardConfig")
     train_rm.add_argument("--out", required=True, metavar="DIR")
-    train_rm.set_defaults(run=_train_rm)
+    train_rm.set_defaults(run=_train_rm, allocator=True)
 
     sft = commands.add_parser(
         "train-sft", help="fit the warm start (SFT, LoRA) on the best-judged replies and directions")
@@ -50,7 +50,7 @@ def add_commands(commands: argparse._SubParsersAction) -> None:
     sft.add_argument("--episodes", metavar="FILE", help="the episodes the blocks were played from (the "
                                                         "Director's prompts)")
     _add_common(sft, "WarmStartConfig", "SFTConfig")
-    sft.set_defaults(run=_train_sft)
+    sft.set_defaults(run=_train_sft, allocator=True)
 
     speakers = commands.add_parser(
         "train-speakers", help="fit a LoRA adapter per persona: GRPO on a persona RM, or DPO on pairs")
@@ -63,7 +63,7 @@ def add_commands(commands: argparse._SubParsersAction) -> None:
     speakers.add_argument("--shared", action="store_true",
                           help=f"one adapter '{SHARED_ADAPTER}' for every persona instead of one each")
     _add_common(speakers, "SpeakerTrainingConfig (grpo) or SpeakerDPOConfig (dpo)", "GRPOConfig or DPOConfig")
-    speakers.set_defaults(run=_train_speakers)
+    speakers.set_defaults(run=_train_speakers, allocator=True)
 
     director = commands.add_parser(
         "train-director", help="fit the Director's LoRA adapter with GRPO on rolled-out blocks")
@@ -78,7 +78,7 @@ def add_commands(commands: argparse._SubParsersAction) -> None:
                           help="what plays the blocks' speakers and user: in process (local), or vLLM servers "
                                "started for the command (or the pipeline's); the Director trains in process")
     _add_common(director, "DirectorTrainingConfig", "GRPOConfig")
-    director.set_defaults(run=_train_director)
+    director.set_defaults(run=_train_director, allocator=True)
 
 
 def _add_common(parser: argparse.ArgumentParser, ours: str, trainer: str) -> None:

@@ -154,7 +154,7 @@ def train_reward_model(
 
     def build(model: Any, tokenizer: Any, args: Any) -> RewardTrainer:
         trainer = RewardTrainer(model, args, train_dataset=dataset, processing_class=tokenizer,
-                                peft_config=config.lora_config(), callbacks=list(callbacks))
+                                peft_config=config.lora_config(model), callbacks=list(callbacks))
         _check_head_trainable(trainer.model)
         used = len(trainer.train_dataset)  # TRL drops pairs longer than max_length
         if not used:

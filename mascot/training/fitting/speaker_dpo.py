@@ -124,7 +124,7 @@ def train_speaker_dpo(
 
     def build(model: Any, tokenizer: Any, args: Any) -> DPOTrainer:
         trainer = DPOTrainer(model, args=args, train_dataset=dataset, processing_class=tokenizer,
-                             peft_config=config.lora_config(), callbacks=list(callbacks))
+                             peft_config=config.lora_config(model), callbacks=list(callbacks))
         used = len(trainer.train_dataset)  # TRL drops pairs whose prompt reaches max_length
         if not used:
             raise SpeakerDPOError(f"every prompt of '{persona}' reaches max_length={args.max_length} tokens; "

@@ -235,7 +235,7 @@ def fit_grpo(
         if weights is not None:
             args.reward_weights = weights
         return GRPOTrainer(model, reward_funcs=functions, args=args, train_dataset=dataset,
-                           processing_class=tokenizer, peft_config=config.lora_config(), callbacks=list(callbacks))
+                           processing_class=tokenizer, peft_config=config.lora_config(model), callbacks=list(callbacks))
 
     def summary(trainer: GRPOTrainer) -> dict[str, Any]:
         return {"reward_terms": trainer.reward_func_names,

@@ -176,7 +176,7 @@ def train_warm_start(
 
     def build(model: Any, tokenizer: Any, args: Any) -> SFTTrainer:
         return SFTTrainer(model, args=args, train_dataset=dataset, processing_class=tokenizer,
-                          peft_config=config.lora_config(), callbacks=list(callbacks))
+                          peft_config=config.lora_config(model), callbacks=list(callbacks))
 
     return fit_lora(base=base, target=target, method="sft", recipe=config, build=build, role=name,
                     conversational=True, error=WarmStartError, data=data)

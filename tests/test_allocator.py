@@ -1,0 +1,82 @@
+"""The allocator setting of processes that train or serve (mascot.policies.allocator)."""
+
+from __future__ import annotations
+
+import logging
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from mascot.policies import allocator
+from mascot.policies.allocator import ALLOCATOR_ENV, GLIBC_ENV, JEMALLOC_CONF, allocator_env, with_allocator
+
+
+def test_jemalloc_is_preloaded_before_what_was_there(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(allocator, "jemalloc_library", lambda: "/lib/libjemalloc.so.2")
+    env = allocator_env({"LD_PRELOAD": "/lib/other.so", "PATH": "/bin"})
+    assert env["LD_PRELOAD"] == "/lib/libjemalloc.so.2:/lib/other.so"
+    assert env["MALLOC_CONF"] == JEMALLOC_CONF and env[ALLOCATOR_ENV] == "jemalloc" and env["PATH"] == "/bin"
+    # a server's request shapes vary: jemalloc with its own decay, memory given back
+    server = allocator_env({}, keep_freed=False)
+    assert server["LD_PRELOAD"] == "/lib/libjemalloc.so.2" and "MALLOC_CONF" not in server
+    # a user's own settings win, and a second pass adds nothing
+    assert allocator_env({"MALLOC_CONF": "narenas:2"})["MALLOC_CONF"] == "narenas:2"
+    assert allocator_env(env)["LD_PRELOAD"] == env["LD_PRELOAD"]
+
+
+def test_without_jemalloc_glibc_keeps_freed_memory_and_says_so_once(monkeypatch: pytest.MonkeyPatch,
+                                                                     caplog: pytest.LogCaptureFixture) -> None:
+    monkeypatch.setattr(allocator, "jemalloc_library", lambda: None)
+    monkeypatch.setattr(allocator, "_warned", [])
+    with caplog.at_level(logging.INFO, logger="mascot.policies.allocator"):
+        first, second = allocator_env({}), allocator_env({})
+    assert first == second == {**GLIBC_ENV, ALLOCATOR_ENV: "glibc"}
+    assert [r.message for r in caplog.records if "jemalloc is not installed" in r.message] == [caplog.records[0].message]
+    assert allocator_env({}, keep_freed=False) == {}  # a server keeps glibc as it comes
+    with pytest.raises(ValueError, match="libjemalloc.so.2 is not installed"):
+        allocator_env({}, choice="jemalloc")
+
+
+def test_system_leaves_the_allocator_alone_and_a_bad_choice_is_refused() -> None:
+    assert allocator_env({"PATH": "/bin"}, choice="system") == {"PATH": "/bin", ALLOCATOR_ENV: "system"}
+    assert allocator_env({ALLOCATOR_ENV: "system"}) == {ALLOCATOR_ENV: "system"}
+    with pytest.raises(ValueError, match="MASCOT_ALLOCATOR=tcmalloc: use jemalloc, glibc or system"):
+        allocator_env({ALLOCATOR_ENV: "tcmalloc"})
+
+
+@pytest.mark.skipif(allocator.jemalloc_library() is None, reason="jemalloc is not installed here")
+def test_a_started_process_runs_on_jemalloc() -> None:
+    code = ("from pathlib import Path; from mascot.policies.allocator import active_allocator; "
+            "print(active_allocator(), 'libjemalloc' in Path('/proc/self/maps').read_text())")
+    done = subprocess.run([sys.executable, "-c", code], env=allocator_env(), capture_output=True, text=True, check=True)
+    assert done.stdout.split() == ["jemalloc", "True"]
+
+
+def test_a_training_command_restarts_itself_with_the_setting_once(monkeypatch: pytest.MonkeyPatch,
+                                                                  tmp_path: Path) -> None:
+    calls: list[tuple[str, list[str], dict[str, str]]] = []
+
+    class Restarted(Exception):
+        pass
+
+    def execve(path: str, argv: list[str], env: dict[str, str]) -> None:
+        calls.append((path, argv, env))
+        raise Restarted
+
+    monkeypatch.setattr(allocator.os, "execve", execve)
+    monkeypatch.delenv(ALLOCATOR_ENV, raising=False)
+    monkeypatch.setattr(sys, "orig_argv", [sys.executable, "-m", "mascot", "train-rm", "--pairs", "p", "--out", "o"])
+    monkeypatch.setattr(sys, "argv", ["mascot", "train-rm", "--pairs", str(tmp_path / "p"), "--out", str(tmp_path)])
+    from mascot.cli import main
+
+    with pytest.raises(Restarted):
+        main()  # the real command line: the process starts again with the setting
+    assert calls[0][1] == [sys.executable, "-m", "mascot", "train-rm", "--pairs", "p", "--out", "o"]
+    assert calls[0][2][ALLOCATOR_ENV] in ("jemalloc", "glibc")
+    # called as a function (tests, notebooks) it never restarts; nor once the setting is there
+    assert main(["train-rm", "--pairs", str(tmp_path / "missing"), "--out", str(tmp_path / "rm")]) == 2
+    monkeypatch.setenv(ALLOCATOR_ENV, "glibc")
+    with_allocator()
+    assert len(calls) == 1
