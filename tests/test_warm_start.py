@@ -128,7 +128,9 @@ def test_train_sft_fits_both_adapters_and_grpo_goes_on_from_one(tiny_model: Path
 
 
 @pytest.mark.parametrize(("args", "message"), [
-    ([], "give --pairs"),
+    ([], "give --samples"),
+    (["--samples", "s.jsonl", "--pairs", "p"], "either --samples or --pairs"),
+    (["--samples", "nowhere.jsonl"], "--samples: no such file"),
     (["--group-pairs", "x"], "needs --blocks FILE and --episodes FILE"),
     (["--pairs", "nowhere"], "--pairs: no such file"),
 ])
@@ -165,3 +167,44 @@ def test_eval_runs_the_warm_start_as_the_sft_system_under_the_same_budgets(tiny_
             for m in json.loads(line)["messages"]:
                 if m["role"] == "assistant" and m.get("name") in ("anchor", "catalyst", "beacon", "action_guide"):
                     assert len(tokenizer(m["content"])["input_ids"]) <= 8, m["content"]
+
+
+def test_samples_then_train_sft_on_the_ones_that_passed(tiny_model: Path, sft_data: Path, roster,
+                                                        tmp_path: Path) -> None:
+    import asyncio
+
+    from fakes import PromptChat
+
+    from mascot.training.data.block_rollout import decision_points
+    from mascot.training.data.candidates import candidate_contexts
+    from mascot.training.data.warm_start_samples import direction_fault, sample_warm_start
+    from mascot.training.episodes.episode import read_episodes
+
+    # the command on the tiny model: it runs, and a random model's directions do not pass
+    result = mascot("samples", "--in", str(sft_data / "episodes.jsonl"), *ROSTER, "--policies",
+                    str(tiny_model / "policies.yaml"), "--k", "1", "--max-points", "2", "--max-contexts", "2",
+                    "--max-tokens", "8", "--out", str(tmp_path / "tiny.jsonl"))
+    assert "samples: policy/director: 0 of 2 passed (left out: invalid 2)" in result.stdout
+    assert len((tmp_path / "tiny.jsonl").read_text().splitlines()) == 4
+    # a model whose directions and replies pass, and one that refuses: only the first is learned
+    episodes = read_episodes(sft_data / "episodes.jsonl")
+    good = PromptChat(reply=lambda p: json.dumps({"speaker": "catalyst", "action": "Ask which part of it weighs most",
+                                                  "tone": "calm"}) if "Reply with one JSON object" in p
+                      else "That sounds heavy, and it makes sense you are tired of it.")
+    bad = PromptChat(reply=lambda p: "I'm sorry, but I can't help with that.")
+    asyncio.run(sample_warm_start(decision_points(episodes, roster)[:3], candidate_contexts(episodes, roster)[:3],
+                                  roster, {"policy": dict.fromkeys(["director", *roster.persona_ids], bad),
+                                           "teacher": dict.fromkeys(["director", *roster.persona_ids], good)},
+                                  k=2, out=tmp_path / "samples.jsonl"))
+    result = mascot("train-sft", *ROSTER, "--base", str(tiny_model), "--samples", str(tmp_path / "samples.jsonl"),
+                    "--out", str(tmp_path / "sft"), "--max_steps", "2", "--disable_tqdm", "true")
+    passing = sum(direction_fault(good.reply("Reply with one JSON object"), p, roster) is None
+                  for p in decision_points(episodes, roster)[:3])  # catalyst may have spoken at a point
+    assert passing >= 1 and f"director: SFT on {passing} passing samples of {passing} contexts" in result.stderr
+    assert "speakers: SFT on 3 passing samples of 3 contexts" in result.stderr  # distinct: one per context
+    assert " invalid" in result.stderr and "6 refusal" in result.stderr  # the refusals of both roles
+    for name in ("speakers", "director"):
+        card = json.loads((tmp_path / "sft" / name / "adapter_card.json").read_text())
+        assert card["data"] == str(tmp_path / "samples.jsonl") and card["steps"] == 2
+    policy = yaml.safe_load((tmp_path / "sft" / "policies.yaml").read_text())
+    assert {"director", *roster.persona_ids} <= set(policy["roles"])

@@ -56,6 +56,25 @@ def add_commands(commands: argparse._SubParsersAction) -> None:
     blocks.add_argument("--out", required=True, metavar="FILE", help="sibling block JSONL (appended)")
     blocks.set_defaults(run=_blocks)
 
+    samples = commands.add_parser(
+        "samples", help="warm-start data: K directions per decision point and K replies per persona turn from the "
+                        "policy and a teacher, kept only when they pass the checks (mascot train-sft --samples)")
+    samples.add_argument("--in", dest="source", required=True, metavar="EPISODES",
+                         help="episode JSONL of the train scenarios (from rollout or import-logs)")
+    samples.add_argument("--roster", required=True, metavar="ID_OR_PATH")
+    add_policy_flags(samples)
+    teacher = samples.add_argument_group("teacher (optional, one of)").add_mutually_exclusive_group()
+    teacher.add_argument("--teacher-model", metavar="HF_ID_OR_PATH",
+                         help="a stronger local model sampled beside the policy, on the same --engine")
+    teacher.add_argument("--teacher-policies", metavar="FILE", help="policy file of the teacher")
+    samples.add_argument("--k", type=positive, default=4, help="samples per context and source (default 4)")
+    samples.add_argument("--max-points", type=positive, metavar="N", help="use only the first N decision points")
+    samples.add_argument("--max-contexts", type=positive, metavar="N", help="use only the first N persona turns")
+    samples.add_argument("--concurrency", type=positive, default=8, metavar="C")
+    samples.add_argument("--seed", type=int, help="seed for sampling")
+    samples.add_argument("--out", required=True, metavar="FILE", help="samples JSONL (appended; each with its fault)")
+    samples.set_defaults(run=_samples)
+
     pairs = commands.add_parser("pairs", help="preference pairs from judged candidates")
     pairs.add_argument("--in", dest="source", required=True, metavar="JUDGED",
                        help="judged candidates: replies (mascot candidates) or sibling blocks (mascot blocks)")
@@ -237,3 +256,46 @@ def _label_weight(args: argparse.Namespace, judged: list[Any]) -> tuple[float, s
                                           f"({report.accuracy:.0%}, p = {chance:.2g}) in {args.sanity}: "
                                           f"{'trusted' if trusted(report.right, report.total) else 'not trusted'}, "
                                           f"the rule is {SANITY_THRESHOLD:.0%} with p < {SANITY_P_VALUE}")
+
+
+def _samples(args: argparse.Namespace) -> int:
+    from mascot.training.data.block_rollout import decision_points
+    from mascot.training.data.candidates import candidate_contexts
+    from mascot.training.data.warm_start_samples import SampleReport, sample_counts, sample_warm_start
+
+    roster = load_roster(args.roster)
+    episodes = _input_episodes(args.source)
+    try:
+        points = decision_points(episodes, roster)[: args.max_points]
+        contexts = candidate_contexts(episodes, roster)[: args.max_contexts]
+    except ValueError as exc:
+        raise UsageError(f"--in: {exc}") from None
+    if not points and not contexts:
+        raise UsageError(f"--in: the episodes in {args.source} have no Director decision point or persona turn")
+    sets = {"policy": policies_from_args(args, roster)}
+    if args.teacher_model or args.teacher_policies:
+        teacher = argparse.Namespace(**{**vars(args), "model": args.teacher_model, "policies": args.teacher_policies,
+                                        "base_url": None, "api_key_env": None})
+        sets["teacher"] = policies_from_args(teacher, roster)
+    sources = {}
+    for name, policies in sets.items():
+        policies = on_engine(args, policies)
+        mask_secrets_in_logs(policies)
+        sources[name] = {"director": policies.chat_model("director"), **policies.speakers()}
+    total = (len(points) + len(contexts)) * args.k * len(sources)
+    progress = Progress(TextColumn("samples"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(), console=err)
+    with progress:
+        task = progress.add_task("samples", total=total)
+
+        def show(report: SampleReport) -> None:
+            progress.update(task, completed=report.skipped + sum(r["sampled"] for r in report.counts.values()))
+
+        asyncio.run(sample_warm_start(points, contexts, roster, sources, k=args.k, out=args.out,
+                                      concurrency=args.concurrency, on_progress=show))
+    for key, row in sorted(sample_counts(args.out).items()):
+        faults = ", ".join(f"{name} {n}" for name, n in sorted(row.items(), key=lambda item: -item[1])
+                           if name not in ("sampled", "passed")) or "none"
+        out.print(f"samples: {key}: {row['passed']} of {row['sampled']} passed (left out: {faults})", markup=False)
+    out.print(f"samples: {args.out} ({len(points)} decision points, {len(contexts)} persona turns x {args.k}; "
+              f"mascot train-sft --samples {args.out})", markup=False)
+    return 0

@@ -49,6 +49,10 @@ def add_commands(commands: argparse._SubParsersAction) -> None:
     sft.add_argument("--blocks", metavar="FILE", help="the sibling blocks of --group-pairs (mascot blocks)")
     sft.add_argument("--episodes", metavar="FILE", help="the episodes the blocks were played from (the "
                                                         "Director's prompts)")
+    sft.add_argument("--samples", metavar="FILE", help="rejection-sampled data (mascot samples): both adapters "
+                                                       "learn the samples that passed the checks")
+    sft.add_argument("--keep", type=int, default=2, metavar="N",
+                     help="with --samples: distinct passing samples per context at most (default 2)")
     _add_common(sft, "WarmStartConfig", "SFTConfig")
     sft.set_defaults(run=_train_sft, allocator=True)
 
@@ -236,13 +240,20 @@ def _train_sft(args: argparse.Namespace) -> int:
     )
 
     roster = load_roster(args.roster)
-    if not args.pairs and not args.group_pairs:
-        raise UsageError("give --pairs (the speakers' warm start), --group-pairs (the Director's) or both")
+    if args.samples and (args.pairs or args.group_pairs):
+        raise UsageError("use either --samples or --pairs/--group-pairs, not both")
+    if not args.pairs and not args.group_pairs and not args.samples:
+        raise UsageError("give --samples (both adapters), or --pairs (the speakers' warm start), --group-pairs "
+                         "(the Director's) or both")
+    if args.keep < 1:
+        raise UsageError(f"--keep {args.keep}: must be at least 1")
     if args.group_pairs and not (args.blocks and args.episodes):
         raise UsageError("--group-pairs needs --blocks FILE and --episodes FILE (the directions and their prompts)")
     config, base = recipe_from_args(WarmStartConfig, args)
     policy_file = Path(args.policy_file or Path(args.out) / POLICY_FILE)
     jobs = []
+    if args.samples:
+        jobs += _sample_jobs(args.samples, args.keep, roster)
     if args.pairs:
         found = speaker_rows(_pairs(args.pairs, "--pairs"))
         jobs.append((SHARED_ADAPTER, found, list(roster.persona_ids), args.pairs))
@@ -252,8 +263,10 @@ def _train_sft(args: argparse.Namespace) -> int:
         jobs.append(("director", found, ["director"], args.group_pairs))
     for name, found, roles, source in jobs:
         left = ", ".join(f"{n} {k}" for k, n in sorted(found.faults.items())) or "none"
-        err.print(f"{name}: SFT on {len(found.rows)} of {found.contexts} contexts' best winners from {base} "
-                  f"(left out: faults {left}; invalid directions {found.invalid})", markup=False)
+        what = (f"{len(found.rows)} passing samples of {found.contexts} contexts" if source == args.samples
+                else f"{len(found.rows)} of {found.contexts} contexts' best winners")
+        err.print(f"{name}: SFT on {what} from {base} (left out: faults {left}; invalid directions {found.invalid})",
+                  markup=False)
         try:
             target = adapter_target(args.out, name)
             if is_finished(target) and not args.retrain:
@@ -271,6 +284,32 @@ def _train_sft(args: argparse.Namespace) -> int:
     out.print(f"train-sft: policy file {policy_file} (the candidate sampler: mascot candidates --policies "
               f"{policy_file}; GRPO from it: --init_adapter {Path(args.out) / SHARED_ADAPTER})", markup=False)
     return 0
+
+
+def _sample_jobs(path: str, keep: int, roster: Roster) -> list[tuple[str, Any, list[str], str]]:
+    """The warm-start jobs of a samples file: the speakers' and the Director's rows that passed."""
+    from mascot.training.data.warm_start_samples import kept_rows, sample_counts
+    from mascot.training.fitting.warm_start import WarmStartRows
+
+    if not Path(path).is_file():
+        raise UsageError(f"--samples: no such file {path}")
+    rows = kept_rows(path, keep=keep, sources=["policy", "teacher"])
+    counts = sample_counts(path)
+    jobs = []
+    for name, role, roles in ((SHARED_ADAPTER, "speakers", list(roster.persona_ids)),
+                              ("director", "director", ["director"])):
+        faults: dict[str, int] = {}
+        for key, row in counts.items():
+            if key.endswith(f"/{role}"):
+                for fault, n in row.items():
+                    if fault not in ("sampled", "passed"):
+                        faults[fault] = faults.get(fault, 0) + n
+        if rows[role]:
+            contexts = len({r["context_id"] for r in rows[role]})
+            jobs.append((name, WarmStartRows(rows=rows[role], contexts=contexts, faults=faults), roles, path))
+    if not jobs:
+        raise UsageError(f"--samples: no sample in {path} passed the checks")
+    return jobs
 
 
 def _blocks(path: str) -> list[Any]:

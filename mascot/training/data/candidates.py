@@ -176,7 +176,7 @@ async def sample_candidates(
             config = {"metadata": {"episode_id": context.context_id, "sample": sample}}
             async with limit:
                 reply = await speakers[context.persona].ainvoke(context.prompt, config)
-            text = _clean(reply.text, roster, context.persona)
+            text = clean_sample(reply.text, roster, context.persona)
             if not text:
                 report.empty += 1
             else:
@@ -202,7 +202,9 @@ def read_candidates(path: str | Path) -> list[Candidate]:
     return [record for _, record in read_records(path, Candidate, "a candidate", skip_invalid=True)]
 
 
-def _clean(text: str, roster: Roster, persona_id: str) -> str:
+def clean_sample(text: str, roster: Roster, persona_id: str) -> str:
+    """A sampled reply of ``persona_id`` cleaned as the speaker node cleans it (its own label
+    cut, lines for the person or another voice dropped)."""
     persona = roster.persona(persona_id)
     others = user_labels() + speaker_labels(
         *(label for p in roster.personas if p.id != persona_id for label in (p.id, p.name))

@@ -1,0 +1,280 @@
+"""Rejection-sampled warm-start data: several samples per train decision point and persona
+turn, from the policy itself and from a teacher, kept only when they pass the checks.
+
+An untrained small model writes refusals as the Director's actions ("I'm sorry, but I can't
+help with that."), sentences as tones, and replies that copy the person, an earlier voice
+or the roster's own style example. Fine-tuned on its best-judged outputs it learns those
+too, since a judge of the same size hardly tells them apart. Here every sample is checked
+by its text instead, and only the ones that pass become SFT rows (``mascot train-sft
+--samples``):
+
+- a **direction** (``direction_fault``) must be valid JSON naming a voice that may speak
+  (not repaired, not replaced: ``invalid``, ``repaired``); its action no refusal or
+  assistant boilerplate (``refusal``, ``boilerplate``), at least ``MIN_ACTION_WORDS`` words
+  (``short_action``), in the Director's own words: no run of ``reply.COPY_WORDS`` words of
+  its prompt (guidance, voices, the person, an earlier reply: ``copied_action``); its tone
+  at most ``TONE_WORDS`` words (``long_tone``). A hand-back needs no action.
+- a **reply** (``reply_sample_fault``) must not be empty (``empty``), none of
+  ``reply_faults.FAULTS`` (refusal, boilerplate, as the person, a copy of the person or of an
+  earlier voice of the round), and no copy of its persona's text or style example
+  (``copies_style``).
+
+Each kept sample is a TRL prompt-completion row; at most ``keep`` distinct ones per context
+are kept, the sources in the order given. ``samples.jsonl`` holds every sample with its
+fault (``null`` for a kept one), so the counts can be read back and a run resumes where it
+stopped (by source, context and sample index).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import json
+import logging
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from langchain_core.language_models import BaseChatModel
+
+from mascot.graphs.direction import StageDirection, interpret_direction
+from mascot.graphs.reply import COPY_WORDS, copies, word_count
+from mascot.graphs.reply_faults import reply_fault
+from mascot.graphs.state import round_speakers
+from mascot.messages import chat_messages, langchain_message
+from mascot.rosters import USER, Roster
+from mascot.training.data.block_rollout import DecisionPoint
+from mascot.training.data.candidates import CandidateContext, clean_sample
+from mascot.training.jsonl import JsonlAppender, check_writable, exclusive, read_jsonl
+
+#: Most words a tone may have ("warm, unhurried" is a tone; a sentence is not).
+TONE_WORDS = 6
+#: Fewest words of an action that says what to do ("Ask what went wrong").
+MIN_ACTION_WORDS = 3
+#: The fields of a direction the Director learns to write.
+WRITTEN_FIELDS = ("speaker", "action", "tone", "addressee")
+#: What a direction sample can fail on, in the order checked.
+DIRECTION_FAULTS = ("invalid", "repaired", "refusal", "boilerplate", "short_action", "copied_action", "long_tone")
+#: What a reply sample can fail on.
+REPLY_FAULTS = ("empty", "refusal", "boilerplate", "as_person", "copies_voice", "copies_person", "copies_style")
+
+
+def direction_fault(text: str, point: DecisionPoint, roster: Roster, *, min_speakers_per_round: int = 1) -> str | None:
+    """What is wrong with a sampled direction at ``point``, or ``None`` for one worth learning.
+
+    Args:
+        text: The model's reply.
+        point: The decision point it was written at (its prompt is what the action must not copy).
+        roster: The roster.
+        min_speakers_per_round: Persona turns before a hand-back is valid.
+
+    Returns:
+        One of ``DIRECTION_FAULTS``, or ``None``.
+    """
+    direction = _interpret(text, point, roster, min_speakers_per_round=min_speakers_per_round)
+    if direction.fallback and not direction.fallback.startswith("repaired"):
+        return "invalid"
+    if direction.fallback:
+        return "repaired"
+    if direction.speaker == USER:
+        return None
+    fault = reply_fault(direction.action)
+    if fault in ("refusal", "boilerplate"):
+        return fault
+    if word_count(direction.action) < MIN_ACTION_WORDS:
+        return "short_action"
+    if copies(direction.action, [m["content"] for m in point.prompt], min_words=COPY_WORDS):
+        return "copied_action"
+    if not 1 <= word_count(direction.tone) <= TONE_WORDS or reply_fault(direction.tone):
+        return "long_tone"
+    return None
+
+
+def reply_sample_fault(text: str, context: CandidateContext, roster: Roster) -> str | None:
+    """What is wrong with a sampled reply (already cleaned as the speaker node cleans it), or
+    ``None``; one of ``REPLY_FAULTS``."""
+    if not text.strip():
+        return "empty"
+    person = next((m["content"] for m in reversed(context.context) if m.get("role") == "user"), "")
+    last_person = max((i for i, m in enumerate(context.context) if m.get("role") == "user"), default=-1)
+    voices = [m["content"] for m in context.context[last_person + 1:] if m.get("name") in roster.persona_ids]
+    fault = reply_fault(text, person=person, voices=voices)
+    if fault:
+        return fault
+    persona = roster.persona(context.persona)
+    if copies(text, [persona.style, persona.persona], min_words=COPY_WORDS):
+        return "copies_style"
+    return None
+
+
+@dataclass
+class SampleReport:
+    """What a sampling run did: per ``source/role`` (role ``director`` or ``speakers``) the
+    samples drawn, kept and each fault's count; rows kept in all; samples already on file."""
+
+    out: Path
+    counts: dict[str, dict[str, int]] = field(default_factory=dict)
+    skipped: int = 0
+    started: float = field(default_factory=time.perf_counter, repr=False)
+    elapsed_s: float = 0.0
+
+    def count(self, source: str, role: str, fault: str | None) -> None:
+        """Count one sample."""
+        row = self.counts.setdefault(f"{source}/{role}", {"sampled": 0, "passed": 0})
+        row["sampled"] += 1
+        if fault is None:
+            row["passed"] += 1
+        else:
+            row[fault] = row.get(fault, 0) + 1
+
+
+async def sample_warm_start(
+    points: Sequence[DecisionPoint],
+    contexts: Sequence[CandidateContext],
+    roster: Roster,
+    sources: Mapping[str, Mapping[str, BaseChatModel]],
+    *,
+    k: int,
+    out: str | Path,
+    concurrency: int = 8,
+    on_progress: Callable[[SampleReport], None] | None = None,
+) -> SampleReport:
+    """Sample ``k`` directions per decision point and ``k`` replies per persona turn from
+    every source into ``out`` (``samples.jsonl``), each with its fault.
+
+    Args:
+        points: The train decision points (``block_rollout.decision_points``).
+        contexts: The train persona turns (``candidates.candidate_contexts``).
+        roster: Their roster.
+        sources: Source name (``policy``, ``teacher``) -> role (``director`` or a persona id)
+            -> chat model sampling with temperature.
+        k: Samples per context and source.
+        out: The samples file (JSONL), appended to; samples already in it are not drawn again.
+        concurrency: Model calls at once.
+        on_progress: Called with the report after each sample.
+
+    Returns:
+        The report of this run's samples (``sample_counts`` reads the whole file).
+
+    Raises:
+        ValueError: on ``k`` or ``concurrency`` below 1, or no source.
+        JsonlError: if ``out`` cannot be written or another run writes to it.
+    """
+    if k < 1 or concurrency < 1 or not sources:
+        raise ValueError(f"k and concurrency must be >= 1 and a source given, got k={k}, concurrency={concurrency}, "
+                         f"sources={list(sources)}")
+    roles = {"director"} if points else set()
+    roles |= {c.persona for c in contexts}
+    for name, models in sources.items():
+        if missing := sorted(roles - set(models)):
+            raise ValueError(f"source '{name}' has no model for {', '.join(missing)}")
+    out = check_writable(out)
+    report = SampleReport(out=out)
+    with exclusive(out):
+        done = {(r.get("source"), r.get("context_id"), r.get("sample")) for _, r in read_jsonl(out)}
+        jobs = [(name, item, s) for name in sources for item in [*points, *contexts] for s in range(k)
+                if (name, item.context_id, s) not in done]
+        report.skipped = (len(points) + len(contexts)) * k * len(sources) - len(jobs)
+        limit = asyncio.Semaphore(concurrency)
+
+        async def one(source: str, item: DecisionPoint | CandidateContext, sample: int) -> None:
+            director = isinstance(item, DecisionPoint)
+            prompt = [langchain_message(m["role"], m["content"]) for m in item.prompt] if director else item.prompt
+            config = {"metadata": {"episode_id": f"{source}|{item.context_id}", "sample": sample}}
+            async with limit:
+                reply = await sources[source]["director" if director else item.persona].ainvoke(prompt, config)
+            if director:
+                text = reply.text.strip()
+                fault = direction_fault(text, item, roster)
+                completion = _direction_json(text, item, roster) if fault is None else text
+            else:
+                completion = text = clean_sample(reply.text, roster, item.persona)
+                fault = reply_sample_fault(text, item, roster)
+            role = "director" if director else "speakers"
+            appender.write({"source": source, "context_id": item.context_id, "sample": sample, "role": role,
+                            "persona": "director" if director else item.persona,
+                            "prompt": list(item.prompt) if director else chat_messages(item.prompt),
+                            "completion": completion, "fault": fault})
+            report.count(source, role, fault)
+            report.elapsed_s = time.perf_counter() - report.started
+            if on_progress is not None:
+                on_progress(report)
+
+        with JsonlAppender(out) as appender:
+            await asyncio.gather(*(one(*job) for job in jobs))
+    report.elapsed_s = time.perf_counter() - report.started
+    return report
+
+
+def _interpret(text: str, point: DecisionPoint, roster: Roster, *, min_speakers_per_round: int = 1) -> StageDirection:
+    """The direction the graph would take from ``text`` at ``point`` (its fallback warnings
+    left out: a rejected sample is counted, not logged)."""
+    messages = list(point.messages)
+    spoken = [getattr(m, "name", None) for m in messages if getattr(m, "name", None) in roster.persona_ids]
+    quiet = logging.getLogger("mascot.graphs.direction")
+    level = quiet.level
+    quiet.setLevel(logging.ERROR)
+    try:
+        return interpret_direction(text, roster, recent_speakers=spoken, round_turns=point.round_turns,
+                                   min_speakers_per_round=min_speakers_per_round,
+                                   heard_this_round=round_speakers(messages))
+    finally:
+        quiet.setLevel(level)
+
+
+def _direction_json(text: str, point: DecisionPoint, roster: Roster) -> str:
+    """A passing direction as the compact JSON the Director learns to write (its fields only)."""
+    direction = _interpret(text, point, roster)
+    fields = direction.model_dump(include=set(WRITTEN_FIELDS), exclude_none=True)
+    return json.dumps(fields, ensure_ascii=False)
+
+
+def sample_counts(path: str | Path) -> dict[str, dict[str, int]]:
+    """Per ``source/role``: samples in the file, how many passed, and each fault's count."""
+    report = SampleReport(out=Path(path))
+    for _, row in read_jsonl(path):
+        report.count(str(row.get("source")), str(row.get("role")), row.get("fault"))
+    return report.counts
+
+
+def kept_rows(path: str | Path, *, keep: int = 2, sources: Sequence[str] = ()) -> dict[str, list[dict[str, Any]]]:
+    """The SFT rows of a samples file: per context at most ``keep`` distinct passing samples;
+    ``{"director": [...], "speakers": [...]}`` of TRL prompt-completion rows (with
+    ``persona`` and ``context_id``).
+
+    Args:
+        path: The samples file.
+        keep: Rows per context at most.
+        sources: The sources in the order they are preferred (the others after them, by
+            name); within a source, by sample index.
+
+    Raises:
+        ValueError: on ``keep`` below 1.
+    """
+    if keep < 1:
+        raise ValueError(f"keep={keep}: must be at least 1")
+    chosen: dict[str, list[dict[str, Any]]] = {}
+    seen: set[str] = set()
+    rank = {name: i for i, name in enumerate(sources)}
+
+    def order(item: tuple[int, dict[str, Any]]) -> tuple[int, str, int]:
+        source = str(item[1].get("source"))
+        return rank.get(source, len(rank)), source, int(item[1].get("sample") or 0)
+
+    for _, row in sorted(read_jsonl(path), key=order):
+        if row.get("fault") is not None or not row.get("completion"):
+            continue
+        digest = hashlib.sha256(f"{row['context_id']}|{' '.join(row['completion'].lower().split())}".encode()).hexdigest()
+        held = chosen.setdefault(row["context_id"], [])
+        if digest in seen or len(held) >= keep:
+            continue
+        seen.add(digest)
+        held.append({"prompt": row["prompt"], "completion": [{"role": "assistant", "content": row["completion"]}],
+                     "persona": row["persona"], "context_id": row["context_id"], "role": row["role"]})
+    rows: dict[str, list[dict[str, Any]]] = {"director": [], "speakers": []}
+    for held in chosen.values():
+        for row in held:
+            rows[row.pop("role")].append(row)
+    return rows

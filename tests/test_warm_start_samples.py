@@ -1,0 +1,99 @@
+"""Rejection-sampled warm-start data: what each check keeps out, the counts per source, resuming."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from pathlib import Path
+
+import pytest
+from fakes import PromptChat, digest
+
+from mascot.rosters import Roster
+from mascot.training.data.block_rollout import decision_points
+from mascot.training.data.candidates import candidate_contexts
+from mascot.training.data.warm_start_samples import (
+    direction_fault,
+    kept_rows,
+    reply_sample_fault,
+    sample_counts,
+    sample_warm_start,
+)
+
+GOOD = {"speaker": "catalyst", "action": "Ask what they think actually went wrong on the day", "tone": "calm, curious"}
+
+
+def test_direction_checks(roster: Roster, episodes: list) -> None:
+    point = next(p for p in decision_points(episodes, roster) if p.round_turns == 0)
+    person = next(m["content"] for m in point.prompt if m["role"] == "user").split("Conversation so far:")[-1]
+    cases = {
+        json.dumps(GOOD): None,
+        "I'm sorry, but I can't help with that.": "invalid",  # no JSON: the graph replaces it
+        json.dumps({**GOOD, "speaker": "The Catalyst"}): "repaired",
+        json.dumps({**GOOD, "action": "I'm sorry, but I can't assist with that request."}): "refusal",
+        json.dumps({**GOOD, "action": "As an AI language model I suggest a question"}): "boilerplate",
+        json.dumps({**GOOD, "action": "Respond."}): "short_action",
+        json.dumps({**GOOD, "action": person.strip()[:400]}): "copied_action",
+        json.dumps({**GOOD, "action": f"Say: {roster.director.guidance[:200]}"}): "copied_action",
+        json.dumps({**GOOD, "tone": "The tone should be warm and gentle and kind to them"}): "long_tone",
+        json.dumps({**GOOD, "tone": ""}): "repaired",  # a missing tone is filled in by the graph
+    }
+    assert {text: direction_fault(text, point, roster) for text in cases} == cases
+    assert direction_fault(json.dumps({"speaker": "user", "action": "", "tone": ""}), point, roster) == "invalid"
+
+
+def test_reply_checks(roster: Roster, episodes: list) -> None:
+    context = next(c for c in candidate_contexts(episodes, roster) if c.persona == "anchor")
+    person = next(m["content"] for m in reversed(context.context) if m["role"] == "user")
+    cases = {
+        "That sounds exhausting, and it makes sense that you want to hide for a while.": None,
+        "": "empty",
+        "I'm sorry, but I can't assist with that.": "refusal",
+        "How can I assist you today?": "boilerplate",
+        f"User: {person}": "as_person",
+        "It sounds like you feel let down and a bit embarrassed.": "copies_style",  # the roster's own example
+    }
+    assert {text: reply_sample_fault(text, context, roster) for text in cases} == cases
+
+
+def test_sampling_counts_each_source_keeps_what_passes_and_resumes(roster: Roster, episodes: list,
+                                                                    tmp_path: Path) -> None:
+    points = decision_points(episodes, roster)[:3]
+    contexts = candidate_contexts(episodes, roster)[:3]
+    calls = {"policy": 0, "teacher": 0}
+
+    def model(name: str, refuse_every: int) -> PromptChat:
+        def reply(prompt: str) -> str:
+            calls[name] += 1
+            if digest(prompt + str(calls[name])) % refuse_every == 0:
+                return "I'm sorry, but I can't help with that."
+            if "Reply with one JSON object" in prompt:
+                return json.dumps({**GOOD, "speaker": roster.persona_ids[calls[name] % 4],
+                                   "action": f"Ask one question about the day number {calls[name]} they mentioned"})
+            return f"I hear how heavy this is ({name} {calls[name]}), and it makes sense that it hurts."
+        return PromptChat(reply=reply)
+
+    sources = {name: dict.fromkeys(["director", *roster.persona_ids], model(name, every))
+               for name, every in (("policy", 2), ("teacher", 1000))}
+    out = tmp_path / "samples.jsonl"
+    report = asyncio.run(sample_warm_start(points, contexts, roster, sources, k=3, out=out))
+    assert sum(r["sampled"] for r in report.counts.values()) == 2 * 3 * 6 == len(out.read_text().splitlines())
+    assert report.counts == sample_counts(out)
+    assert report.counts["policy/director"]["passed"] < report.counts["teacher/director"]["passed"]
+    rows = kept_rows(out, keep=2, sources=["policy", "teacher"])
+    assert len(rows["director"]) <= 2 * len(points) and len(rows["speakers"]) <= 2 * len(contexts)
+    assert rows["director"] and rows["speakers"]
+    for row in rows["director"]:
+        direction = json.loads(row["completion"][0]["content"])
+        assert set(direction) == {"speaker", "action", "tone"} and "sorry" not in direction["action"]
+    assert all("sorry" not in row["completion"][0]["content"] for row in rows["speakers"])
+    # a rerun draws nothing again; a larger k draws only the new samples
+    again = asyncio.run(sample_warm_start(points, contexts, roster, sources, k=3, out=out))
+    assert again.counts == {} and again.skipped == 36
+    more = asyncio.run(sample_warm_start(points, contexts, roster, sources, k=4, out=out))
+    assert sum(r["sampled"] for r in more.counts.values()) == 12 and more.skipped == 36
+    with pytest.raises(ValueError, match="source 'policy' has no model for director"):
+        asyncio.run(sample_warm_start(points, [], roster, {"policy": {"anchor": sources["policy"]["anchor"]}},
+                                      k=1, out=tmp_path / "other.jsonl"))
+    with pytest.raises(ValueError, match="keep=0"):
+        kept_rows(out, keep=0)
