@@ -176,3 +176,60 @@ def test_an_unscored_block_is_neutral_among_its_siblings() -> None:
 
     assert neutral_where_unscored([-0.6, None, -0.2, None, None], ["a", "a", "a", "b", "b"]) == [
         -0.6, pytest.approx(-0.4), -0.2, None, None]
+
+
+def test_director_grpo_samples_on_the_server_and_rewards_the_blocks_it_played(
+        tiny_model: Path, roster: Roster, episodes: list, tmp_path: Path) -> None:
+    """``DirectorRollout`` against a stand-in for vLLM's chat completions: one request per
+    distinct prompt with ``n`` samples and every sampling field, the adapter saved and loaded
+    once per step, and the reward terms score the blocks the rollout played (none played twice)."""
+    import httpx
+    from safetensors.torch import load_file
+    from transformers import AutoTokenizer
+
+    from mascot.training.fitting.director_rollout import ADAPTER_NAME, DirectorRollout
+
+    tokenizer = AutoTokenizer.from_pretrained(tiny_model)
+    points = decision_points(episodes, roster)[:4]
+    requests: list[dict] = []
+    loads: list[tuple[str, Path]] = []
+
+    def vllm(request: httpx.Request) -> httpx.Response:
+        body = json.loads(request.content)
+        requests.append(body)
+        prompt = tokenizer.apply_chat_template(body["messages"], add_generation_prompt=True, tokenize=False)
+        choices = []
+        for index in range(body["n"]):
+            speaker = roster.persona_ids[(len(requests) + index) % len(roster.persona_ids)]
+            text = json.dumps({"speaker": speaker, "action": "ask what went wrong", "tone": "calm"})
+            ids = tokenizer(text, add_special_tokens=False)["input_ids"][: body["max_tokens"]]
+            choices.append({"index": index, "message": {"role": "assistant", "content": text}, "token_ids": ids,
+                            "logprobs": {"content": [{"logprob": -1.0} for _ in ids]}})
+        return httpx.Response(200, json={"prompt_token_ids": tokenizer(prompt, add_special_tokens=False)["input_ids"],
+                                         "choices": choices})
+
+    rollout = rollout_for(roster, block_turns=1)
+    played: list[int] = []
+    run = rollout.run
+    rollout.run = lambda pts, texts: played.append(len(pts)) or run(pts, texts)  # type: ignore[method-assign]
+    server = DirectorRollout(points, rollout, url="http://vllm.test/v1", served_name="tiny",
+                             adapters_dir=tmp_path / "served", client=httpx.Client(transport=httpx.MockTransport(vllm)),
+                             load=lambda url, adapters: loads.extend((url, a.path) for a in adapters))
+    scorer, logs = BlockScorer(), Logs()
+    config = DirectorTrainingConfig(lora_r=4, lora_alpha=8, block_turns=1, training={
+        "max_steps": 2, "num_generations": 2, "per_device_train_batch_size": 4, "max_completion_length": 24,
+        "learning_rate": 1e-2, "top_k": 20, "disable_tqdm": True})
+    report = train_director(points, base=str(tiny_model), out=tmp_path, rollout=rollout, group_rm=scorer,
+                            config=config, callbacks=[logs], rollout_func=server)
+    rollout.close()
+    assert report.steps == 2 and played == [4, 4]  # each batch's blocks played once, by the rollout
+    assert len(requests) == 4 and all(r["n"] == 2 and r["model"] == ADAPTER_NAME for r in requests)
+    assert {k: requests[0][k] for k in ("max_tokens", "temperature", "top_k", "logprobs", "return_token_ids")} == {
+        "max_tokens": 24, "temperature": 1.0, "top_k": 20, "logprobs": True, "return_token_ids": True}
+    assert [p.name for _, p in loads] == ["step-0", "step-1"] and all(u == "http://vllm.test/v1" for u, _ in loads)
+    assert sorted(p.name for p in (tmp_path / "served").iterdir()) == ["step-0", "step-1"]
+    # the served directions are valid JSON naming a voice: no replaced direction was penalised
+    validity = [e["rewards/direction_validity/mean"] for e in logs.entries if "rewards/direction_validity/mean" in e]
+    assert validity and all(v > -1.0 for v in validity) and len(scorer.calls) == 2
+    weights = load_file(str(tmp_path / "director" / "adapter_model.safetensors"))
+    assert any(name.endswith("lora_B.weight") and float(w.abs().sum()) > 0 for name, w in weights.items())

@@ -209,11 +209,21 @@ def _train_director(args: argparse.Namespace) -> int:
                                max_speakers_per_round=config.max_speakers_per_round,
                                min_speakers_per_round=config.min_speakers_per_round,
                                concurrency=config.rollout_concurrency)
+        rollout_func = None
+        pool = getattr(args, "vllm_pool", None)
+        if pool is not None:  # the directions are sampled on the server too, with their blocks
+            from mascot.training.fitting.director_rollout import DirectorRollout
+
+            url = pool.url(base)
+            rollout_func = DirectorRollout(points, rollout, url=url, served_name=pool.served_name(url, base),
+                                           adapters_dir=Path(args.out) / "checkpoints" / "director-served",
+                                           concurrency=config.rollout_concurrency)
         err.print(f"director: GRPO on {len(points)} decision points from {base}, "
-                  f"{config.block_turns} turns per block", markup=False)
+                  f"{config.block_turns} turns per block, directions sampled "
+                  f"{'on the vLLM server' if rollout_func else 'in process'}", markup=False)
         try:
             report = train_director(points, base=base, out=args.out, rollout=rollout, group_rm=group_rm,
-                                    config=config, data=args.episodes)
+                                    config=config, data=args.episodes, rollout_func=rollout_func)
         except (AdapterFolderError, ValueError) as exc:
             raise UsageError(f"director: {exc}") from None
         finally:

@@ -551,7 +551,7 @@ class VllmPool:
         if missing:
             load_adapters(url, missing.values())
             loaded.update({name: a.path for name, a in missing.items()})
-        name = self._served_name(url, served.base)
+        name = self.served_name(url, served.base)
         cpu = not has_gpu()
         remote = {role: spec if spec.kind != "local" else PolicySpec(
             kind="openai", model=served.roles[role] or name, base_url=url, version=spec.version,
@@ -560,8 +560,12 @@ class VllmPool:
             max_retries=spec.max_retries) for role, spec in specs.items()}
         return Policies(remote, policies.roster, seed=policies.seed, origin=policies)
 
-    def _served_name(self, url: str, base: str) -> str:
-        """The base model's name on the server at ``url``."""
+    def served_name(self, url: str, base: str) -> str:
+        """The base model's name on the server at ``url`` (the name requests send for it).
+
+        Raises:
+            VllmError: if an attached server cannot be asked or lists no base model.
+        """
         for server in self.servers.values():
             if server.url == url:
                 return server.served_name

@@ -199,8 +199,12 @@ class DirectorRewards:
             "action_copy": (self.action_copy, config.copy_weight),
         }
 
-    def blocks(self, completions: Sequence[Any], context_id: Sequence[str]) -> list[Block]:
-        """The blocks of a batch, played on the first call for it."""
+    def blocks(self, completions: Sequence[Any], context_id: Sequence[str],
+               played: Sequence[Block] | None = None) -> list[Block]:
+        """The blocks of a batch: those the rollout played with the directions (``played``, the
+        ``block`` column of ``DirectorRollout``), else played here on the first call for it."""
+        if played is not None:
+            return list(played)
         texts = [completion_text(c) for c in completions]
         batch = tuple(zip(context_id, texts, strict=True))
         if batch != self._batch:
@@ -212,7 +216,7 @@ class DirectorRewards:
                            context_id: Sequence[str], **kwargs: Any) -> list[float | None]:
         """The group RM's logit of each block, standardised among the blocks of its decision
         point in the batch; ``EMPTY_BLOCK_REWARD`` for a block with no turn."""
-        blocks = self.blocks(completions, context_id)
+        blocks = self.blocks(completions, context_id, kwargs.get("block"))
         scored = [i for i, b in enumerate(blocks) if b.turns]
         logits = dict(zip(scored, self.group_rm.score_blocks(
             [blocks[i].point.chat() for i in scored], [blocks[i].turns for i in scored]) if scored else [], strict=True))
@@ -228,7 +232,7 @@ class DirectorRewards:
         the term's best value of 0 for having nobody to repeat (``neutral_where_unscored``)."""
         embedder = self.embedder or default_embedder()
         rewards: list[float | None] = []
-        for block in self.blocks(completions, context_id):
+        for block in self.blocks(completions, context_id, kwargs.get("block")):
             values: list[float] = []
             earlier = round_persona_turns(block.point.chat(), self.roster.persona_ids)
             for turn in block.turns:
@@ -250,7 +254,7 @@ class DirectorRewards:
         learned when one-voice rounds scored best."""
         limit = self.rollout.max_speakers_per_round
         rewards: list[float | None] = []
-        for block in self.blocks(completions, context_id):
+        for block in self.blocks(completions, context_id, kwargs.get("block")):
             heard = set(round_speakers(list(block.point.messages)))
             possible = min(self.rollout.block_turns, limit - block.point.round_turns,
                            len(set(self.roster.persona_ids) - heard))
@@ -268,7 +272,7 @@ class DirectorRewards:
         the Director's prompt (its guidance, the voices' descriptions, the person, an
         earlier reply), else 0; a direction handing back is not scored (neutral, as above)."""
         rewards: list[float | None] = []
-        for block in self.blocks(completions, context_id):
+        for block in self.blocks(completions, context_id, kwargs.get("block")):
             if block.direction.speaker == USER:
                 rewards.append(None)
                 continue
@@ -281,12 +285,12 @@ class DirectorRewards:
         """Normalised entropy of the persona turns of prefix and block together."""
         ids = self.roster.persona_ids
         return [speaker_balance([t["name"] for t in (*b.point.chat(), *b.turns) if t.get("name") in ids], ids)
-                for b in self.blocks(completions, context_id)]
+                for b in self.blocks(completions, context_id, kwargs.get("block"))]
 
     def direction_validity(self, prompts: Sequence[Any], completions: Sequence[Any], *,
                            context_id: Sequence[str], **kwargs: Any) -> list[float | None]:
         """0 valid, -0.5 repaired, -1 replaced (see ``VALIDITY_REWARD``)."""
-        return [VALIDITY_REWARD[b.validity] for b in self.blocks(completions, context_id)]
+        return [VALIDITY_REWARD[b.validity] for b in self.blocks(completions, context_id, kwargs.get("block"))]
 
 def neutral_where_unscored(values: Sequence[float | None], groups: Sequence[str]) -> list[float | None]:
     """``values`` with each ``None`` replaced by the mean of the scored values of its group
@@ -350,6 +354,7 @@ def train_director(
     config: DirectorTrainingConfig | Mapping[str, Any] | None = None,
     callbacks: Sequence[TrainerCallback] = (),
     data: str | None = None,
+    rollout_func: Any = None,
 ) -> DirectorReport:
     """Fit the Director's LoRA adapter with GRPO on block rewards and save it to ``out/director``.
 
@@ -363,6 +368,9 @@ def train_director(
         config: Our settings, or a mapping for ``DirectorTrainingConfig.from_dict``.
         callbacks: ``transformers`` trainer callbacks.
         data: What the episodes came from, for the card.
+        rollout_func: Samples the directions and plays their blocks off the trainer's
+            process (``DirectorRollout`` on a vLLM server); default: TRL samples in process
+            and the reward terms play the blocks with ``rollout``.
 
     Returns:
         The report; its numbers are also in ``out/director/adapter_card.json``.
@@ -375,7 +383,7 @@ def train_director(
         config = DirectorTrainingConfig.from_dict(config or {})
     rewards = DirectorRewards(points, rollout, group_rm=group_rm)
     run = fit_grpo(director_prompts(points), base=base, name="director", out=out, reward_funcs=rewards.terms(config),
-                   config=config, callbacks=[_LogTerms(rewards), *callbacks], data=data)
+                   config=config, callbacks=[_LogTerms(rewards), *callbacks], data=data, rollout_func=rollout_func)
     return DirectorReport(out=run.out, base=base, decision_points=run.data_size, steps=run.steps,
                           rewards=run.rewards, reward_first=run.reward_first, reward_last=run.reward_last,
                           reward_terms=run.card["reward_terms"], reward_weights=run.card["reward_weights"],

@@ -11,7 +11,7 @@ term as ``rewards/<name>/mean`` and their weighted sum as ``reward``.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar
@@ -213,9 +213,11 @@ def fit_grpo(
     config: LoraRecipe,
     callbacks: Sequence[TrainerCallback] = (),
     data: str | None = None,
+    rollout_func: Callable[[list[Any], Any], dict[str, Any]] | None = None,
 ) -> LoraRun:
     """One GRPO run of ``fit_lora`` on a prompt dataset, the adapter saved to ``out/<name>``;
-    the speakers' and the Director's (see ``train_speaker`` for the arguments).
+    the speakers' and the Director's (see ``train_speaker`` for the arguments;
+    ``rollout_func`` is TRL's, e.g. ``DirectorRollout``: generation off the trainer's process).
 
     Raises:
         SpeakerTrainingError: on an empty dataset or no chat template for conversational
@@ -235,7 +237,8 @@ def fit_grpo(
         if weights is not None:
             args.reward_weights = weights
         return GRPOTrainer(model, reward_funcs=functions, args=args, train_dataset=dataset,
-                           processing_class=tokenizer, peft_config=config.lora_config(model), callbacks=list(callbacks))
+                           processing_class=tokenizer, peft_config=config.lora_config(model), callbacks=list(callbacks),
+                           rollout_func=rollout_func)
 
     def summary(trainer: GRPOTrainer) -> dict[str, Any]:
         return {"reward_terms": trainer.reward_func_names,
