@@ -5,7 +5,9 @@ Instruct (``mascot offline-model``) with LoRA r=8 on q/k/v/o for a few steps in 
 per variant, the variants run one after another in the same invocation:
 
 - ``before``: the system allocator (glibc malloc as it comes), LoRA on every layer;
-- ``jemalloc``: jemalloc keeping its freed pages (``mascot.policies.allocator``), every layer;
+- ``jemalloc``: jemalloc as mascot sets it (``mascot.policies.allocator``: freed pages kept for
+  SFT and DPO, given back after 10 s for GRPO, whose in-process sampling fragments the heap),
+  every layer;
 - ``after``: jemalloc, LoRA on the upper half of the layers (``lora_layer_share: 0.5``);
 - ``glibc``: glibc's raised thresholds (the fallback where jemalloc is missing), upper half.
 
@@ -81,7 +83,8 @@ def main() -> int:
             if allocator == "jemalloc" and jemalloc_library() is None:
                 print(f"{method}/{variant}: skipped, jemalloc is not installed", file=sys.stderr)
                 continue
-            env = allocator_env(choice=allocator)
+            # GRPO samples in process here: the mode that gives memory back (mascot.policies.allocator)
+            env = allocator_env(choice=allocator, mode="generate" if method in ("director", "speaker") else "train")
             env["HF_HUB_OFFLINE"] = "1"
             started = time.monotonic()
             done = subprocess.run([sys.executable, __file__, "--model", args.model, "--steps", str(args.steps),

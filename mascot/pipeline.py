@@ -25,7 +25,6 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from mascot.policies.allocator import allocator_env
 from mascot.rosters.yaml_file import YamlFileError, read_yaml
 
 
@@ -308,8 +307,6 @@ def run_pipeline(
                 stage_env = {**(env if env is not None else os.environ), VLLM_SERVERS_ENV: json.dumps(urls)}
             elif pool is not None:  # a training stage: every server's memory goes to it
                 pool.keep([])
-            if argv[0].startswith("train-"):  # freed memory kept (mascot.policies.allocator)
-                stage_env = allocator_env(env)
             on_stage(name, "running")
             started = time.monotonic()
             result = subprocess.run([sys.executable, "-m", "mascot", *argv], capture_output=True, text=True,

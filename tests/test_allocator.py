@@ -10,17 +10,22 @@ from pathlib import Path
 import pytest
 
 from mascot.policies import allocator
-from mascot.policies.allocator import ALLOCATOR_ENV, GLIBC_ENV, JEMALLOC_CONF, allocator_env, with_allocator
+from mascot.policies.allocator import ALLOCATOR_ENV, GLIBC_ENV, MODES, allocator_env, with_allocator
 
 
 def test_jemalloc_is_preloaded_before_what_was_there(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(allocator, "jemalloc_library", lambda: "/lib/libjemalloc.so.2")
     env = allocator_env({"LD_PRELOAD": "/lib/other.so", "PATH": "/bin"})
     assert env["LD_PRELOAD"] == "/lib/libjemalloc.so.2:/lib/other.so"
-    assert env["MALLOC_CONF"] == JEMALLOC_CONF and env[ALLOCATOR_ENV] == "jemalloc" and env["PATH"] == "/bin"
-    # a server's request shapes vary: jemalloc with its own decay, memory given back
-    server = allocator_env({}, keep_freed=False)
+    assert env["MALLOC_CONF"] == MODES["train"] and "dirty_decay_ms:-1" in env["MALLOC_CONF"]
+    assert env[ALLOCATOR_ENV] == "jemalloc" and env["PATH"] == "/bin"
+    # sampling in process fragments the heap: freed pages go back after a while
+    assert "dirty_decay_ms:10000" in allocator_env({}, mode="generate")["MALLOC_CONF"]
+    # a server's request shapes vary: jemalloc with its own defaults
+    server = allocator_env({}, mode="serve")
     assert server["LD_PRELOAD"] == "/lib/libjemalloc.so.2" and "MALLOC_CONF" not in server
+    with pytest.raises(ValueError, match="allocator mode 'fast'"):
+        allocator_env({}, mode="fast")
     # a user's own settings win, and a second pass adds nothing
     assert allocator_env({"MALLOC_CONF": "narenas:2"})["MALLOC_CONF"] == "narenas:2"
     assert allocator_env(env)["LD_PRELOAD"] == env["LD_PRELOAD"]
@@ -34,7 +39,7 @@ def test_without_jemalloc_glibc_keeps_freed_memory_and_says_so_once(monkeypatch:
         first, second = allocator_env({}), allocator_env({})
     assert first == second == {**GLIBC_ENV, ALLOCATOR_ENV: "glibc"}
     assert [r.message for r in caplog.records if "jemalloc is not installed" in r.message] == [caplog.records[0].message]
-    assert allocator_env({}, keep_freed=False) == {}  # a server keeps glibc as it comes
+    assert allocator_env({}, mode="serve") == {}  # a server keeps glibc as it comes
     with pytest.raises(ValueError, match="libjemalloc.so.2 is not installed"):
         allocator_env({}, choice="jemalloc")
 
@@ -75,8 +80,17 @@ def test_a_training_command_restarts_itself_with_the_setting_once(monkeypatch: p
         main()  # the real command line: the process starts again with the setting
     assert calls[0][1] == [sys.executable, "-m", "mascot", "train-rm", "--pairs", "p", "--out", "o"]
     assert calls[0][2][ALLOCATOR_ENV] in ("jemalloc", "glibc")
+    if calls[0][2][ALLOCATOR_ENV] == "jemalloc":
+        assert calls[0][2]["MALLOC_CONF"] == MODES["train"]
+    # Director GRPO sampling in process: the mode that gives memory back
+    monkeypatch.setattr(sys, "argv", ["mascot", "train-director", *["--roster", "emotional_support"],
+                                      "--episodes", "e", "--speakers", "s", "--out", str(tmp_path)])
+    with pytest.raises(Restarted):
+        main()
+    if calls[1][2][ALLOCATOR_ENV] == "jemalloc":
+        assert calls[1][2]["MALLOC_CONF"] == MODES["generate"]
     # called as a function (tests, notebooks) it never restarts; nor once the setting is there
     assert main(["train-rm", "--pairs", str(tmp_path / "missing"), "--out", str(tmp_path / "rm")]) == 2
     monkeypatch.setenv(ALLOCATOR_ENV, "glibc")
     with_allocator()
-    assert len(calls) == 1
+    assert len(calls) == 2

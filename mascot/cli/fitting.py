@@ -37,7 +37,7 @@ def add_commands(commands: argparse._SubParsersAction) -> None:
     train_rm.add_argument("--pairs", required=True, metavar="DIR", help="folder from mascot pairs")
     add_recipe_flags(train_rm, "RewardModelConfig", "RewardConfig")
     train_rm.add_argument("--out", required=True, metavar="DIR")
-    train_rm.set_defaults(run=_train_rm, allocator=True)
+    train_rm.set_defaults(run=_train_rm, allocator="train")
 
     sft = commands.add_parser(
         "train-sft", help="fit the warm start (SFT, LoRA) on the best-judged replies and directions")
@@ -54,7 +54,7 @@ def add_commands(commands: argparse._SubParsersAction) -> None:
     sft.add_argument("--keep", type=int, default=2, metavar="N",
                      help="with --samples: distinct passing samples per context at most (default 2)")
     _add_common(sft, "WarmStartConfig", "SFTConfig")
-    sft.set_defaults(run=_train_sft, allocator=True)
+    sft.set_defaults(run=_train_sft, allocator="train")
 
     speakers = commands.add_parser(
         "train-speakers", help="fit a LoRA adapter per persona: GRPO on a persona RM, or DPO on pairs")
@@ -67,7 +67,8 @@ def add_commands(commands: argparse._SubParsersAction) -> None:
     speakers.add_argument("--shared", action="store_true",
                           help=f"one adapter '{SHARED_ADAPTER}' for every persona instead of one each")
     _add_common(speakers, "SpeakerTrainingConfig (grpo) or SpeakerDPOConfig (dpo)", "GRPOConfig or DPOConfig")
-    speakers.set_defaults(run=_train_speakers, allocator=True)
+    # GRPO samples in this process; DPO only runs forward and backward passes (mascot.policies.allocator)
+    speakers.set_defaults(run=_train_speakers, allocator=lambda args: "generate" if args.method == "grpo" else "train")
 
     director = commands.add_parser(
         "train-director", help="fit the Director's LoRA adapter with GRPO on rolled-out blocks")
@@ -82,7 +83,8 @@ def add_commands(commands: argparse._SubParsersAction) -> None:
                           help="what plays the blocks' speakers and user: in process (local), or vLLM servers "
                                "started for the command (or the pipeline's); the Director trains in process")
     _add_common(director, "DirectorTrainingConfig", "GRPOConfig")
-    director.set_defaults(run=_train_director, allocator=True)
+    # on vLLM the directions are sampled on the server: this process only trains
+    director.set_defaults(run=_train_director, allocator=lambda args: "train" if args.engine == "vllm" else "generate")
 
 
 def _add_common(parser: argparse.ArgumentParser, ours: str, trainer: str) -> None:

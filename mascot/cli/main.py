@@ -48,12 +48,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.error(f"unrecognized arguments: {' '.join(extra)}")
     args.trainer_flags = extra  # TRL config fields of the training commands (--learning_rate 1e-5)
     args.argv = list(sys.argv[1:] if argv is None else argv)  # for worker processes
-    if argv is None and getattr(args, "allocator", False):
+    if argv is None and getattr(args, "allocator", None):
         # a command that trains starts again with freed memory kept (mascot.policies.allocator):
         # the setting only takes effect at a process's start
         from mascot.policies.allocator import with_allocator
 
-        with_allocator()
+        with_allocator(mode=args.allocator(args) if callable(args.allocator) else args.allocator)
     logging.basicConfig(
         level=logging.INFO if args.verbose else logging.WARNING,
         format="%(levelname)s %(name)s: %(message)s",

@@ -3,14 +3,22 @@
 On the small VMs mascot trains on, a training step frees and re-allocates gigabytes of
 activations and gradients. glibc's ``malloc`` hands large blocks back to the system
 (``munmap``, heap trims) and faults them in again on the next step, which costs more than the
-arithmetic: a Director GRPO step of the offline 0.5B model took 58-68 s with it and 29 s
-with jemalloc keeping its freed pages (``bench/step_cost.py`` measures it side by side).
+arithmetic (``bench/step_cost.py`` measures it side by side). jemalloc is preloaded instead,
+set by what the process does (``MODES``):
 
-The setting has to be in a process's environment when it starts (``LD_PRELOAD``), so it is
-given to the processes mascot starts (a pipeline's training stages, vLLM servers) by
-``allocator_env``, and a training command started by hand re-runs itself with it once
-(``with_allocator``). Where jemalloc is not installed (``apt-get install libjemalloc2``),
-glibc's own thresholds are raised instead, so it keeps freed memory too, and one log line
+- ``train``: a trainer that only runs forward and backward passes (SFT, DPO, reward models,
+  GRPO whose sampling runs on a vLLM server): its steps repeat the same allocations, so no
+  freed page is ever given back;
+- ``generate``: a trainer that also samples in its own process (GRPO on the local engine):
+  the growing KV caches of generation fragment the heap, and a heap that never gives memory
+  back grew past 23 GiB in three Director steps of the 0.5B model; freed pages are given
+  back after 10 s by jemalloc's background thread;
+- ``serve``: a vLLM server, jemalloc with its own defaults (as vLLM's CPU docs recommend).
+
+The setting has to be in a process's environment when it starts (``LD_PRELOAD``), so a
+training command started by hand re-runs itself with it once (``with_allocator``) and vLLM
+servers start with it (``allocator_env``). Where jemalloc is not installed (``apt-get install
+libjemalloc2``), glibc's own thresholds are raised for the trainers instead, and one log line
 says so.
 """
 
@@ -24,8 +32,12 @@ from pathlib import Path
 
 logger = logging.getLogger(__name__)
 
-#: jemalloc's settings: freed pages are never given back (no decay), transparent huge pages.
-JEMALLOC_CONF = "thp:always,metadata_thp:auto,dirty_decay_ms:-1,muzzy_decay_ms:-1"
+#: jemalloc's settings (``MALLOC_CONF``) per mode; ``None``: its defaults.
+MODES: dict[str, str | None] = {
+    "train": "thp:always,metadata_thp:auto,dirty_decay_ms:-1,muzzy_decay_ms:-1",
+    "generate": "background_thread:true,thp:always,metadata_thp:auto,dirty_decay_ms:10000,muzzy_decay_ms:10000",
+    "serve": None,
+}
 #: glibc's settings where jemalloc is missing: no block is mmap'ed on its own or trimmed
 #: back (values in bytes; glibc caps the mmap threshold at 32 MiB on 64-bit, 1 GiB trim).
 GLIBC_ENV = {"MALLOC_MMAP_THRESHOLD_": str(32 << 20), "MALLOC_TRIM_THRESHOLD_": str(1 << 30),
@@ -45,24 +57,24 @@ def jemalloc_library() -> str | None:
 
 
 def allocator_env(env: Mapping[str, str] | None = None, *, choice: str | None = None,
-                  keep_freed: bool = True) -> dict[str, str]:
+                  mode: str = "train") -> dict[str, str]:
     """``env`` (default this process's) with the allocator setting for a process that trains or serves.
 
     Args:
         env: The environment to extend; it is copied, not changed.
         choice: ``jemalloc``, ``glibc`` (raised thresholds) or ``system`` (unchanged); default
             ``MASCOT_ALLOCATOR`` from ``env``, else jemalloc where installed, else glibc.
-        keep_freed: Keep every freed page (a trainer, whose steps repeat the same
-            allocations); ``False`` for a server, whose request shapes vary and whose memory
-            would only grow: jemalloc with its own decay then, glibc unchanged.
+        mode: What the process does, one of ``MODES`` (``serve``: glibc stays as it is).
 
     Returns:
         The new environment: ``LD_PRELOAD`` and ``MALLOC_CONF`` for jemalloc, glibc's
         ``MALLOC_*_`` thresholds otherwise. Values already set in ``env`` are kept.
 
     Raises:
-        ValueError: on an unknown ``choice``, or ``jemalloc`` asked for where it is missing.
+        ValueError: on an unknown ``choice`` or ``mode``, or ``jemalloc`` asked for where it is missing.
     """
+    if mode not in MODES:
+        raise ValueError(f"allocator mode {mode!r}: use {', '.join(MODES)}")
     out = dict(os.environ if env is None else env)
     choice = choice or out.get(ALLOCATOR_ENV) or ""
     if choice not in ("", "jemalloc", "glibc", "system"):
@@ -77,11 +89,11 @@ def allocator_env(env: Mapping[str, str] | None = None, *, choice: str | None = 
         preload = [p for p in out.get("LD_PRELOAD", "").split(":") if p]
         if not any("jemalloc" in p for p in preload):
             out["LD_PRELOAD"] = ":".join([library, *preload])
-        if keep_freed:
-            out.setdefault("MALLOC_CONF", JEMALLOC_CONF)
+        if MODES[mode]:
+            out.setdefault("MALLOC_CONF", MODES[mode])
         out[ALLOCATOR_ENV] = "jemalloc"
         return out
-    if not keep_freed:
+    if mode == "serve":
         return out
     if not _warned and choice == "":
         _warned.append(True)
@@ -102,7 +114,7 @@ def active_allocator() -> str:
     return "glibc" if all(os.environ.get(name) for name in GLIBC_ENV) else "system"
 
 
-def with_allocator(argv: Sequence[str] | None = None) -> None:
+def with_allocator(argv: Sequence[str] | None = None, *, mode: str = "train") -> None:
     """Run this process again (its command line, or ``argv`` after the interpreter) with the
     allocator setting, unless it has it.
 
@@ -110,12 +122,16 @@ def with_allocator(argv: Sequence[str] | None = None) -> None:
     when the process already runs with it (or ``MASCOT_ALLOCATOR`` is set, e.g. to
     ``system``); otherwise it does not return (``os.execve``).
 
+    Args:
+        argv: The arguments after the interpreter; default this process's own.
+        mode: What the process does (``MODES``).
+
     Raises:
-        ValueError: on a bad ``MASCOT_ALLOCATOR`` (see ``allocator_env``).
+        ValueError: on a bad ``MASCOT_ALLOCATOR`` or ``mode`` (see ``allocator_env``).
     """
     if os.environ.get(ALLOCATOR_ENV):
         return
-    env = allocator_env()
+    env = allocator_env(mode=mode)
     logger.debug("restarting with the %s allocator setting", env[ALLOCATOR_ENV])
     sys.stdout.flush()
     sys.stderr.flush()

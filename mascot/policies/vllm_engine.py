@@ -369,7 +369,7 @@ class VllmServer:
             os.close(handle)
             self.log = Path(name)
         # jemalloc where installed, as vLLM's CPU docs recommend (mascot.policies.allocator)
-        child_env = {**allocator_env(keep_freed=False), **env, "PYTHONUNBUFFERED": "1"}
+        child_env = {**allocator_env(mode="serve"), **env, "PYTHONUNBUFFERED": "1"}
         if self.api_key:
             child_env["VLLM_API_KEY"] = self.api_key
         logger.info("starting vLLM: %s", " ".join(argv))
