@@ -76,6 +76,16 @@ def _verb_action(messages: list[BaseMessage], roster: Any) -> list[BaseMessage]:
     return [type(m)(m.text.replace(old, new)) for m in messages]
 
 
+def _labelled_guidance(messages: list[BaseMessage], roster: Any) -> list[BaseMessage]:
+    label = "How the voices work together (background for your choice; your instruction uses your own words): "
+    return [type(m)(m.text.replace(f"{roster.director.guidance}\n\n", f"{label}{roster.director.guidance}\n\n"))
+            for m in messages]
+
+
+def _combined(messages: list[BaseMessage], roster: Any) -> list[BaseMessage]:
+    return _no_end_list(_no_person_note(messages, roster), roster)
+
+
 VARIANTS: dict[str, Callable[[list[BaseMessage], Any], list[BaseMessage]]] = {
     "current": lambda messages, roster: messages,
     "no_person_note": _no_person_note,
@@ -83,6 +93,9 @@ VARIANTS: dict[str, Callable[[list[BaseMessage], Any], list[BaseMessage]]] = {
     "no_end_list": _no_end_list,
     "all_in_user": _all_in_user,
     "verb_action": _verb_action,
+    "combined": _combined,
+    "combined_labelled": lambda messages, roster: _labelled_guidance(_combined(messages, roster), roster),
+    "combined_user": lambda messages, roster: _all_in_user(_combined(messages, roster), roster),
 }
 
 

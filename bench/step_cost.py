@@ -11,6 +11,12 @@ per variant, the variants run one after another in the same invocation:
 - ``after``: jemalloc, LoRA on the upper half of the layers (``lora_layer_share: 0.5``);
 - ``glibc``: glibc's raised thresholds (the fallback where jemalloc is missing), upper half.
 
+``director-server`` is the Director step as ``train-director --engine vllm`` runs it: the 8
+directions sampled on a vLLM server (LoRA on the trained modules alone, the adapter saved and
+loaded once per step) and each played for one turn by the speakers on the same server
+(``DirectorRollout``), so the trainer only runs forward and backward passes (allocator mode
+``train``). The server is started once for all its variants.
+
 The prompts are the real ones: the Director's at the opening of the roster's scenarios
 (``mascot.graphs.prompts.director_messages``, ~600 tokens with the guidance) and a speaker's
 (``speaker_messages``), rendered as the trainers render them. GRPO samples 2 prompts x 4
@@ -28,6 +34,7 @@ shows as equal numbers), and the prompt token counts. Written to
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import platform
 import resource
@@ -44,7 +51,7 @@ RESULTS = ROOT / "bench" / "results" / "step_cost.json"
 #: Variant -> (allocator, LoRA layer share).
 VARIANTS = {"before": ("system", 1.0), "jemalloc": ("jemalloc", 1.0), "after": ("jemalloc", 0.5),
             "glibc": ("glibc", 0.5)}
-METHODS = ("director", "speaker", "sft", "dpo")
+METHODS = ("director", "director-server", "speaker", "sft", "dpo")
 ROSTER = "emotional_support"
 DIRECTION = '{"speaker": "catalyst", "action": "Ask what they think went wrong on the test", "tone": "calm, curious"}'
 
@@ -58,9 +65,10 @@ def main() -> int:
     parser.add_argument("--steps", type=int, default=3, help="optimizer steps per run (the first is left out)")
     parser.add_argument("--out", default=str(RESULTS), help="the JSON results file")
     parser.add_argument("--worker", nargs=2, metavar=("METHOD", "SHARE"), help=argparse.SUPPRESS)
+    parser.add_argument("--server", metavar="URL", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.worker:
-        print(json.dumps(worker(args.model, args.worker[0], float(args.worker[1]), args.steps)))
+        print(json.dumps(worker(args.model, args.worker[0], float(args.worker[1]), args.steps, args.server)))
         return 0
     methods = [m for m in args.methods.split(",") if m]
     variants = [v for v in args.variants.split(",") if v]
@@ -70,13 +78,34 @@ def main() -> int:
     if not Path(args.model, "config.json").is_file():
         parser.error(f"no model in {args.model}: run mascot offline-model first")
 
-    from mascot.policies.allocator import allocator_env, jemalloc_library
+    from mascot.policies.allocator import jemalloc_library
     from mascot.policies.local.precision import cpu_has_native_bf16
 
     machine = {"cpu": _cpu_name(), "cores": len(__import__("os").sched_getaffinity(0)),
                "native_bf16": cpu_has_native_bf16(), "jemalloc": jemalloc_library(), "python": platform.python_version()}
     print(f"machine: {machine}", file=sys.stderr)
     results: dict[str, Any] = {"machine": machine, "steps": args.steps, "model": args.model, "runs": {}}
+    with contextlib.ExitStack() as servers:
+        server = None
+        if "director-server" in methods:  # the blocks' speakers and the directions on one vLLM server
+            from mascot.policies.serving import ServedPolicies
+            from mascot.policies.vllm_engine import VllmServer
+
+            server = servers.enter_context(VllmServer(
+                ServedPolicies(base=args.model), allow_runtime_lora=True, lora_rank=8, max_loras=2,
+                lora_target_modules=["q_proj", "k_proj", "v_proj", "o_proj"]))
+        run_all(args, methods, variants, results, server)
+    print(table(results))
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.out).write_text(json.dumps(results, indent=1) + "\n", encoding="utf-8")
+    return 0
+
+
+def run_all(args: argparse.Namespace, methods: list[str], variants: list[str], results: dict[str, Any],
+            server: Any) -> None:
+    """Each method and variant in its own process, one after another."""
+    from mascot.policies.allocator import allocator_env, jemalloc_library
+
     for method in methods:
         for variant in variants:
             allocator, share = VARIANTS[variant]
@@ -88,7 +117,8 @@ def main() -> int:
             env["HF_HUB_OFFLINE"] = "1"
             started = time.monotonic()
             done = subprocess.run([sys.executable, __file__, "--model", args.model, "--steps", str(args.steps),
-                                   "--worker", method, str(share)], env=env, capture_output=True, text=True)
+                                   "--worker", method, str(share), *(["--server", server.url] if server else [])],
+                                  env=env, capture_output=True, text=True)
             if done.returncode != 0:
                 raise SystemExit(f"{method}/{variant} failed: {done.stderr.strip().splitlines()[-1:]}")
             run = json.loads(done.stdout.strip().splitlines()[-1])
@@ -96,10 +126,6 @@ def main() -> int:
             results["runs"][f"{method}/{variant}"] = run
             print(f"{method}/{variant}: {run['step_s']:.1f} s/step (steps {run['steps_s']}), peak RSS "
                   f"{run['peak_rss_gib']:.1f} GiB, RSS per step {run['rss_gib']}", file=sys.stderr, flush=True)
-    print(table(results))
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps(results, indent=1) + "\n", encoding="utf-8")
-    return 0
 
 
 def table(results: dict[str, Any]) -> str:
@@ -116,7 +142,7 @@ def table(results: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def worker(model: str, method: str, share: float, steps: int) -> dict[str, Any]:
+def worker(model: str, method: str, share: float, steps: int, server: str | None = None) -> dict[str, Any]:
     """Train ``method`` for ``steps`` steps in this process; seconds and memory per step."""
     import torch
     from datasets import Dataset
@@ -166,7 +192,9 @@ def worker(model: str, method: str, share: float, steps: int) -> dict[str, Any]:
                 out.append(0.0)
         return out
 
-    if method in ("director", "speaker"):
+    if method == "director-server":
+        trainer = _server_trainer(loaded, tokenizer, roster, openings, peft, clock, common, server, model)
+    elif method in ("director", "speaker"):
         config = GRPOConfig(**common, num_generations=4, per_device_train_batch_size=8, beta=0.0,
                             max_completion_length=64 if method == "director" else 112, temperature=1.0,
                             learning_rate=2e-4)
@@ -195,6 +223,47 @@ def worker(model: str, method: str, share: float, steps: int) -> dict[str, Any]:
             "peak_rss_gib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20,
             "prompt_tokens": {"min": min(lengths), "max": max(lengths), "mean": round(sum(lengths) / len(lengths))},
             "lora_layers": peft.layers_to_transform}
+
+
+def _server_trainer(model: Any, tokenizer: Any, roster: Any, openings: list[str], peft: Any, clock: Any,
+                    common: dict[str, Any], url: str | None, base: str) -> Any:
+    """Director GRPO whose directions are sampled on the vLLM server at ``url`` and played for
+    one turn there by the speakers (``DirectorRollout``); rewarded by direction validity."""
+    from datasets import Dataset
+    from langchain_core.messages import HumanMessage
+    from trl import GRPOConfig, GRPOTrainer
+
+    from mascot.graphs.prompts import director_messages
+    from mascot.messages import chat_messages
+    from mascot.policies import Policies, PolicySpec
+    from mascot.training.data.block_rollout import BlockRollout, DecisionPoint
+    from mascot.training.fitting.director_rollout import DirectorRollout
+    from mascot.training.fitting.director_training import VALIDITY_REWARD
+
+    if url is None:
+        raise SystemExit("director-server needs the vLLM server (run without --worker)")
+    points = [DecisionPoint(context_id=f"opening-{i}", episode_id=f"e{i}", cut=1, messages=(HumanMessage(o),),
+                            round=0, round_turns=0, scenario=None, user_profile=None,
+                            prompt=tuple(chat_messages(director_messages(
+                                roster, [HumanMessage(o)], round_turns=0, max_speakers_per_round=3,
+                                min_speakers_per_round=1))))
+              for i, o in enumerate(openings)]
+    served = Path(base).name
+    policies = Policies.single(PolicySpec(kind="openai", model=served, base_url=url, max_tokens=112, temperature=0.7,
+                                          timeout=600), roster)
+    blocks = BlockRollout(roster, speakers=policies.speakers(), director=policies.chat_model("director"), user=None,
+                          block_turns=1)
+    rollout = DirectorRollout(points, blocks, url=url, served_name=served,
+                              adapters_dir=tempfile.mkdtemp(prefix="step-cost-served-"))
+
+    def validity(completions: list[Any], block: list[Any], **kwargs: Any) -> list[float]:
+        return [VALIDITY_REWARD[b.validity] for b in block]
+
+    config = GRPOConfig(**common, num_generations=4, per_device_train_batch_size=8, beta=0.0,
+                        max_completion_length=64, temperature=1.0, learning_rate=2e-4)
+    return GRPOTrainer(model, reward_funcs=[validity], args=config, processing_class=tokenizer,
+                       train_dataset=Dataset.from_list([{"prompt": list(p.prompt)} for p in points]),
+                       peft_config=peft, callbacks=[clock], rollout_func=rollout)
 
 
 def _StepClock(base: type) -> Any:  # noqa: N802 - a class made on the worker's import of transformers

@@ -215,6 +215,15 @@ def test_vllm_command_for_a_policy_file(served: ServedPolicies) -> None:
     assert argv[argv.index("--lora-target-modules") + 1:][:4] == ["k_proj", "o_proj", "q_proj", "v_proj"]
     assert vllm_command(served, lora_target_modules=["o_proj"])[0][-2:] == ["--lora-target-modules", "o_proj"]
     assert "--lora-target-modules" not in vllm_command(ServedPolicies(base=served.base))[0]
+
+
+def test_an_adapter_of_modules_the_server_leaves_out_is_refused(served: ServedPolicies) -> None:
+    from mascot.policies.spec import PolicyError
+    from mascot.policies.vllm_engine import load_adapters
+
+    # vLLM would load it and leave the weights of k_proj and v_proj out, silently
+    with pytest.raises(PolicyError, match="adapts k_proj, v_proj, which the vLLM server .* puts no LoRA on"):
+        load_adapters("http://127.0.0.1:9/v1", served.adapters.values(), allowed=["q_proj", "o_proj"])
     argv, env = vllm_command(served, cpu=CpuSettings(dtype="bfloat16", kv_cache_gib=3, threads_bind="0-1"))
     assert argv[argv.index("--dtype") + 1] == "bfloat16" and argv[argv.index("--max-model-len") + 1] == "4096"
     assert argv[argv.index("--max-num-batched-tokens") + 1] == "4096"  # no split prefill of a seeded request

@@ -214,12 +214,15 @@ def _train_director(args: argparse.Namespace) -> int:
         rollout_func = None
         pool = getattr(args, "vllm_pool", None)
         if pool is not None:  # the directions are sampled on the server too, with their blocks
+            from mascot.policies.vllm_engine import load_adapters
             from mascot.training.fitting.director_rollout import DirectorRollout
 
             url = pool.url(base)
             rollout_func = DirectorRollout(points, rollout, url=url, served_name=pool.served_name(url, base),
                                            adapters_dir=Path(args.out) / "checkpoints" / "director-served",
-                                           concurrency=config.rollout_concurrency)
+                                           concurrency=config.rollout_concurrency,
+                                           load=lambda url, adapters: load_adapters(
+                                               url, adapters, allowed=pool.allowed_modules(url)))
         err.print(f"director: GRPO on {len(points)} decision points from {base}, "
                   f"{config.block_turns} turns per block, directions sampled "
                   f"{'on the vLLM server' if rollout_func else 'in process'}", markup=False)

@@ -315,7 +315,9 @@ class VllmServer:
         self.allow_runtime_lora = allow_runtime_lora
         self.max_loras = max_loras
         self.lora_rank = lora_rank
-        self.lora_target_modules = list(lora_target_modules) if lora_target_modules else None
+        # what the server will put LoRA on: as given, else its adapters' own modules
+        self.lora_target_modules = (list(lora_target_modules) if lora_target_modules
+                                    else lora_modules(served) if served.adapters else None)
         self.extra = list(extra)
         self.echo = echo
         self.log = Path(log) if log else None
@@ -549,7 +551,7 @@ class VllmPool:
             self._claimed.setdefault(url, {})[name] = adapter.path
         missing = {name: a for name, a in served.adapters.items() if loaded.get(name) != a.path}
         if missing:
-            load_adapters(url, missing.values())
+            load_adapters(url, missing.values(), allowed=self.allowed_modules(url))
             loaded.update({name: a.path for name, a in missing.items()})
         name = self.served_name(url, served.base)
         cpu = not has_gpu()
@@ -559,6 +561,11 @@ class VllmPool:
             timeout=CPU_REQUEST_TIMEOUT if cpu and "timeout" not in spec.model_fields_set else spec.timeout,
             max_retries=spec.max_retries) for role, spec in specs.items()}
         return Policies(remote, policies.roster, seed=policies.seed, origin=policies)
+
+    def allowed_modules(self, url: str) -> list[str] | None:
+        """The modules a server this pool started at ``url`` puts LoRA on, when restricted."""
+        server = next((s for s in self.servers.values() if s.url == url), None)
+        return server.lora_target_modules if server is not None else None
 
     def served_name(self, url: str, base: str) -> str:
         """The base model's name on the server at ``url`` (the name requests send for it).
@@ -631,13 +638,28 @@ def attached_servers() -> dict[str, str]:
     return servers
 
 
-def load_adapters(url: str, adapters: Iterable[ServedAdapter]) -> None:
+def load_adapters(url: str, adapters: Iterable[ServedAdapter], *, allowed: Sequence[str] | None = None) -> None:
     """Load adapters into the running vLLM server at ``url``, each replacing one of the same
     name (``load_inplace``); the server must allow runtime LoRA.
 
+    Args:
+        url: The server's ``.../v1`` URL.
+        adapters: What to load.
+        allowed: The modules the server puts LoRA on (its ``--lora-target-modules``), when
+            restricted: vLLM would load an adapter of other modules and leave their weights out.
+
     Raises:
-        PolicyError: if the server refuses one (its reason in the message) or cannot be reached.
+        PolicyError: if an adapter adapts modules outside ``allowed``, or the server refuses
+            one (its reason in the message) or cannot be reached.
     """
+    adapters = list(adapters)
+    if allowed:
+        for adapter in adapters:
+            modules = lora_modules(ServedPolicies(base="", adapters={adapter.name: adapter}))
+            outside = sorted(set(modules or ["every linear layer"]) - set(allowed))
+            if outside:
+                raise PolicyError(f"adapter '{adapter.name}' ({adapter.path}) adapts {', '.join(outside)}, which the "
+                                  f"vLLM server at {url} puts no LoRA on (--lora-target-modules {' '.join(allowed)})")
     try:
         for adapter in adapters:
             answer = httpx.post(f"{url}/load_lora_adapter", timeout=300, json={
