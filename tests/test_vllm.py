@@ -164,6 +164,52 @@ def test_runtime_adapters_and_reload(served: tuple, policy_file: Path) -> None:
 
 
 @needs_vllm
+def test_director_grpo_step_samples_and_plays_on_the_server(served: tuple, policy_file: Path, offline_model: Path,
+                                                            roster: Roster, tmp_path: Path) -> None:
+    """One Director GRPO step whose directions are sampled on vLLM (n, logprobs, token ids) and
+    whose blocks the speakers play there: the step's adapter is loaded in place and answers."""
+    from langchain_core.messages import HumanMessage
+
+    from mascot.graphs.prompts import director_messages
+    from mascot.messages import chat_messages
+    from mascot.policies import Policies
+    from mascot.policies.local.precision import cpu_has_native_bf16
+    from mascot.training.data.block_rollout import BlockRollout, DecisionPoint
+    from mascot.training.fitting.director_rollout import ADAPTER_NAME, DirectorRollout
+    from mascot.training.fitting.director_training import train_director
+
+    _, url, _ = served
+    base = next(m["id"] for m in httpx.get(f"{url}/models", timeout=30).json()["data"] if not m.get("parent"))
+    points = [DecisionPoint(context_id=f"p{i}", episode_id=f"e{i}", cut=1, messages=(HumanMessage(text),), round=0,
+                            round_turns=0, scenario=None, user_profile=None, prompt=tuple(chat_messages(
+                                director_messages(roster, [HumanMessage(text)], round_turns=0,
+                                                  max_speakers_per_round=3, min_speakers_per_round=1))))
+              for i, text in enumerate((MESSAGE, "My boss shouted at me in front of everyone today."))]
+    speakers = Policies.from_file(policy_file.parent / "client.yaml", roster)
+    blocks = BlockRollout(roster, speakers=speakers.speakers(), director=speakers.chat_model("director"), user=None,
+                          block_turns=1)
+    played: list = []
+    rollout = DirectorRollout(points, blocks, url=url, served_name=base, adapters_dir=tmp_path / "served")
+    call = rollout.__call__
+    report = train_director(points, base=str(offline_model), out=tmp_path, rollout=blocks, group_rm=None,
+                            rollout_func=lambda prompts, trainer: played.append(out := call(prompts, trainer)) or out,
+                            config={"lora_r": 8, "lora_alpha": 16, "lora_dropout": 0.0, "lora_layer_share": 0.5,
+                                    "lora_target_modules": ["q_proj", "k_proj", "v_proj", "o_proj"],
+                                    "group_rm_weight": 0.0, "block_turns": 1, "training": {
+                                        "max_steps": 1, "num_generations": 2, "per_device_train_batch_size": 4,
+                                        "max_completion_length": 64, "bf16": cpu_has_native_bf16(),
+                                        "disable_tqdm": True}})
+    blocks.close()
+    assert report.steps == 1 and len(played) == 1
+    batch = played[0]
+    assert len(batch["completion_ids"]) == 4 and all(len(c) == len(lp) for c, lp in
+                                                     zip(batch["completion_ids"], batch["logprobs"], strict=True))
+    assert all(b.turns and b.turns[0]["content"].strip() for b in batch["block"])  # each direction was played
+    assert ADAPTER_NAME in {m["id"] for m in httpx.get(f"{url}/models", timeout=30).json()["data"]}
+    assert (tmp_path / "director" / "adapter_model.safetensors").is_file()
+
+
+@needs_vllm
 def test_rollout_on_vllm_writes_the_local_records(policy_file: Path, roster: Roster, tmp_path: Path,
                                                   capsys: pytest.CaptureFixture[str]) -> None:
     from mascot.training.episodes.episode import Episode, read_episodes
