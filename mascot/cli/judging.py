@@ -42,6 +42,14 @@ def add_commands(commands: argparse._SubParsersAction) -> None:
     judge.add_argument("--sanity", action="store_true",
                        help="judge the roster's sanity set instead of --in: fixed better/worse pairs, "
                             "reported as the judge's pairwise accuracy (--out: the report, JSON)")
+    judge.add_argument("--mode", choices=("absolute", "ranking", "pairwise"), default="absolute",
+                       help="absolute: the rubric's scores per target (default); ranking: a context's candidates "
+                            "scored together, both orders; pairwise: each two candidates compared from the judge's "
+                            "token probabilities, both orders (judging.relative)")
+    judge.add_argument("--modes", metavar="A,B", help="with --sanity: measure each of these modes; the report is "
+                                                      "the mode that passes the gate best (which then labels)")
+    judge.add_argument("--mode-from", metavar="REPORT", help="judge --in with the mode a sanity report chose "
+                                                             "(judge --sanity --modes ... --out REPORT)")
     judge.add_argument("--sanity-set", metavar="FILE",
                        help="with --sanity: a sanity set file in the shipped format (for a roster without one)")
     add_policy_flags(judge)
@@ -116,6 +124,9 @@ def _judge(args: argparse.Namespace) -> int:
             raise UsageError(f"--in: {exc}") from None
     if not targets:
         raise UsageError(f"--in: nothing to judge in {args.source}")
+    mode = _mode(args)
+    if mode != "absolute" and not on_candidates:
+        raise UsageError(f"--mode {mode} compares the candidates of a context: give --in a candidates or blocks file")
     model_name = _judge_model_name(policies)
     with exclusive(out_file), JudgementCache(cache_file) as cache, JsonlAppender(out_file, redact=redact) as sink:
         done = {_done_key(r, on_candidates) for _, r in read_jsonl(out_file) if _is_ok(r, on_candidates)}
@@ -123,6 +134,17 @@ def _judge(args: argparse.Namespace) -> int:
                       structured_output=True, max_attempts=args.attempts,
                       fault_tries=args.retries + 1, cache=cache)
         todo = [t for t in targets if _target_key(t, rubric.target) not in done]
+        groups: dict[str, list[Any]] = {}
+        if mode != "absolute":  # a context is judged again whole when any of its candidates is not done
+            for target in targets:
+                groups.setdefault(target.episode_id, []).append(target)
+            alone = [g for g in groups.values() if len(g) < 2]
+            groups = {k: g for k, g in groups.items() if len(g) >= 2
+                      and any(_target_key(t, rubric.target) not in done for t in g)}
+            todo = [t for g in groups.values() for t in g]
+            if alone:
+                err.print(f"judge: {len(alone)} contexts have one candidate and are left out (--mode {mode} "
+                          f"compares two or more)", markup=False)
         tally = {"ok": 0, "failed": 0}
         progress = Progress(TextColumn("judging"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                             console=err)
@@ -139,11 +161,34 @@ def _judge(args: argparse.Namespace) -> int:
 
         with progress:
             task = progress.add_task("judging", total=len(todo))
-            asyncio.run(judge.ajudge_many(todo, concurrency=args.concurrency, on_judgement=write))
+            if mode == "absolute":
+                asyncio.run(judge.ajudge_many(todo, concurrency=args.concurrency, on_judgement=write))
+            else:
+                from mascot.training.judging.relative import RelativeJudge
+
+                relative = RelativeJudge(judge, policies.chat_model("judge"), mode, structured_output=True)
+                asyncio.run(relative.ajudge_groups(list(groups.values()), concurrency=args.concurrency,
+                                                   on_judgement=write))
     out.print(f"judge: {tally['ok']} judged, {tally['failed']} failed (retried next run), "
               f"{len(targets) - len(todo)} already in {out_file}; rubric {rubric.id} v{rubric.version}, "
-              f"judge {model_name}", markup=False)
+              f"{mode} mode, judge {model_name}", markup=False)
     return 1 if tally["failed"] else 0
+
+
+def _mode(args: argparse.Namespace) -> str:
+    """The judging mode of ``judge --in``: ``--mode``, or the one a sanity report chose."""
+    from mascot.training.judging.judge_sanity import SanityError, read_sanity_report
+
+    if args.modes:
+        raise UsageError("--modes needs --sanity (use --mode or --mode-from to label)")
+    if not args.mode_from:
+        return args.mode
+    if args.mode != "absolute":
+        raise UsageError("use either --mode or --mode-from, not both")
+    try:
+        return read_sanity_report(args.mode_from).mode
+    except SanityError as exc:
+        raise UsageError(f"--mode-from: {exc}") from None
 
 
 def _judge_model_name(policies: Policies) -> str:
@@ -155,7 +200,15 @@ def _judge_sanity(args: argparse.Namespace) -> int:
     """``judge --sanity``: the judge on the roster's sanity set, reported as pairwise accuracy."""
     from mascot.training.jsonl import check_writable
     from mascot.training.judging.judge import Judge
-    from mascot.training.judging.judge_sanity import SanityError, load_sanity_set, metric_sanity, run_sanity
+    from mascot.training.judging.judge_sanity import (
+        SanityError,
+        choose_mode,
+        load_sanity_set,
+        metric_sanity,
+        run_relative_sanity,
+        run_sanity,
+    )
+    from mascot.training.judging.relative import RelativeJudge
     from mascot.training.judging.judgement import JudgementCache
     from mascot.training.judging.rubric import load_rubric
 
@@ -174,12 +227,28 @@ def _judge_sanity(args: argparse.Namespace) -> int:
     model_name = _judge_model_name(policies)
     progress = Progress(TextColumn("judging the sanity set"), BarColumn(), MofNCompleteColumn(),
                         TimeElapsedColumn(), console=err)
+    if args.mode_from:
+        raise UsageError("--mode-from labels --in; with --sanity use --mode or --modes")
+    modes = [m for m in (args.modes or args.mode).split(",") if m]
+    unknown = sorted(set(modes) - {"absolute", "ranking", "pairwise"})
+    if unknown or not modes or len(set(modes)) != len(modes):
+        raise UsageError(f"--modes {args.modes}: give distinct modes of absolute, ranking, pairwise")
+    reports = []
     with JudgementCache(cache_file) if cache_file else contextlib.nullcontext() as cache, progress:
         judge = Judge(rubric, policies.chat_model("judge"), model_name=model_name, structured_output=True,
                       max_attempts=args.attempts, fault_tries=args.retries + 1, cache=cache)
-        task = progress.add_task("judging", total=len(sanity_set.targets()))
-        report = run_sanity(judge, sanity_set, concurrency=args.concurrency,
-                            on_judgement=lambda judgement: progress.update(task, advance=1))
+        for mode in modes:
+            if mode == "absolute":
+                task = progress.add_task("judging", total=len(sanity_set.targets()))
+                reports.append(run_sanity(judge, sanity_set, concurrency=args.concurrency,
+                                          on_judgement=lambda judgement, task=task: progress.update(task, advance=1)))
+            else:
+                task = progress.add_task(mode, total=2 * len(sanity_set.pairs))
+                relative = RelativeJudge(judge, policies.chat_model("judge"), mode, structured_output=True)
+                reports.append(run_relative_sanity(relative, sanity_set, concurrency=args.concurrency,
+                                                   on_judgement=lambda judgement, task=task: progress.update(
+                                                       task, advance=1)))
+    report = choose_mode(reports) if len(reports) > 1 else reports[0]
     report = report.model_copy(update={"metric_judge": metric_sanity(sanity_set, roster)})
     if report_file:
         report_file.write_text(redact(json.dumps(report.model_dump(mode="json"), indent=2)) + "\n", encoding="utf-8")

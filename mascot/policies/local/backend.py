@@ -376,6 +376,32 @@ class LocalBackend:
                           max_new_tokens=call.max_new_tokens, stop_token_ids=self.stop_token_ids,
                           device=self.model.device)
 
+    def first_token_logprobs(
+        self,
+        conversation: Sequence[Mapping[str, str]],
+        *,
+        adapter: str | None = None,
+        top: int = 20,
+        chat_template_kwargs: Mapping[str, Any] | None = None,
+    ) -> list[tuple[str, float]]:
+        """The ``top`` likeliest first tokens of a reply to ``conversation`` with their
+        log-probabilities, likeliest first (one forward pass): what an OpenAI-compatible
+        server reports as ``top_logprobs`` of a reply's first token.
+
+        Raises:
+            ValueError: on an unknown adapter or ``top`` < 1.
+            PromptError: if the chat template rejects the conversation.
+        """
+        if top < 1:
+            raise ValueError(f"top must be >= 1, got {top}")
+        self._adapter_names([adapter], 1)
+        variables = check_template_kwargs(default_template_kwargs() if chat_template_kwargs is None
+                                          else chat_template_kwargs)
+        prompt = self.encoder.encode(conversation, variables)
+        logits = self._stream_forward(adapter)({"input_ids": torch.tensor([prompt], device=self.model.device)}).logits
+        values, ids = torch.log_softmax(logits[0, -1].float(), dim=-1).topk(min(top, logits.shape[-1]))
+        return [(self.tokenizer.decode([i]), v) for i, v in zip(ids.tolist(), values.tolist(), strict=True)]
+
     def _stream_forward(self, adapter: str | None) -> Forward:
         """One forward pass of a stream on ``adapter``, under the lock; it refuses to go on
         once the adapter was unloaded (or unloaded and loaded again: other weights)."""

@@ -27,7 +27,9 @@ class LocalChatModel(BaseChatModel):
     """A LangChain chat model answering from a ``LocalBackend`` with one adapter.
 
     Several instances share one backend, so each persona can have its own adapter on
-    one base model in memory.
+    one base model in memory. Bound with ``logprobs=True`` (and ``top_logprobs=N``), a
+    reply's ``response_metadata["logprobs"]`` holds its first token's N likeliest
+    alternatives, as an OpenAI-compatible server reports them (the pairwise judge reads them).
     """
 
     model_config = ConfigDict(arbitrary_types_allowed=True)
@@ -64,11 +66,18 @@ class LocalChatModel(BaseChatModel):
             seed=self._seed(run_manager),
             stop=stop,
             json_schema=kwargs.get("json_schema"),
-            **self._settings(),
+            **self._settings(kwargs),
         )[0]
+        metadata = self._metadata()
+        if kwargs.get("logprobs"):  # the first token's alternatives, in the OpenAI format
+            top = self.backend.first_token_logprobs(chat_messages(messages), adapter=self.adapter,
+                                                    top=max(1, int(kwargs.get("top_logprobs") or 1)),
+                                                    chat_template_kwargs=self.chat_template_kwargs)
+            metadata["logprobs"] = {"content": [{"token": top[0][0], "logprob": top[0][1], "top_logprobs": [
+                {"token": token, "logprob": logprob} for token, logprob in top]}]}
         message = AIMessage(
             content=result.text,
-            response_metadata=self._metadata(),
+            response_metadata=metadata,
             usage_metadata={
                 "input_tokens": result.prompt_tokens,
                 "output_tokens": result.completion_tokens,
@@ -177,10 +186,13 @@ class LocalChatModel(BaseChatModel):
             run_manager.on_llm_new_token(piece, chunk=chunk)
         return chunk
 
-    def _settings(self) -> dict[str, Any]:
+    def _settings(self, call: dict[str, Any] | None = None) -> dict[str, Any]:
+        """Sampling settings: the model's, with a call's own ``max_tokens`` and ``temperature``
+        (bound or passed to ``invoke``) in their place, as an OpenAI client sends them."""
+        call = call or {}
         return {
-            "max_new_tokens": self.max_new_tokens,
-            "temperature": self.temperature,
+            "max_new_tokens": call.get("max_tokens") or self.max_new_tokens,
+            "temperature": call.get("temperature", self.temperature),
             "top_p": self.top_p,
             "top_k": self.top_k,
             "repetition_penalty": self.repetition_penalty,

@@ -18,6 +18,11 @@ evidence at all). A judge is trusted with a rubric's labels only at ``SANITY_THR
 (75 %) or more with p below ``SANITY_P_VALUE`` (0.01); otherwise ``mascot pairs --sanity
 REPORT`` labels with the metric judge alone (``sanity_metric_weight``, ``metric_judge``) and
 says so.
+
+``run_relative_sanity`` measures a relative mode (``judging.relative``: ranking, pairwise) on
+the same pairs, each pair one context of two candidates; ``choose_mode`` keeps the mode that
+passes the gate with the highest accuracy, and its report says which mode labels and what
+every mode scored (``modes``).
 """
 
 from __future__ import annotations
@@ -44,6 +49,7 @@ from mascot.training.jsonl import record_error
 from mascot.training.judging.judge import Judge
 from mascot.training.judging.judgement import Judgement
 from mascot.training.judging.metric_judge import GROUP, SANITY_FALLBACK_WEIGHT, metric_overalls
+from mascot.training.judging.relative import RelativeJudge
 from mascot.training.judging.targets import BlockTarget, Target, conversation_turns, render_block, reply_target
 
 #: Least share of sanity pairs a judge must get right to be trusted with a rubric's labels.
@@ -163,6 +169,19 @@ class KindTally(BaseModel):
     total: int = Field(ge=1)
 
 
+class ModeTally(BaseModel):
+    """One judging mode's result on a sanity set (``SanityReport.modes``)."""
+
+    model_config = ConfigDict(extra="forbid")
+    right: int = Field(ge=0)
+    total: int = Field(ge=1)
+    accuracy: float = Field(ge=0.0, le=1.0)
+    p_value: float
+    passed: bool
+    failed_judgements: int = Field(ge=0)
+    seconds: float = Field(ge=0.0)
+
+
 class SanityReport(BaseModel):
     """A judge's result on a sanity set (the JSON ``mascot judge --sanity --out`` writes).
 
@@ -201,12 +220,17 @@ class SanityReport(BaseModel):
     seconds: float = Field(ge=0.0)
     pairs: list[PairResult]
     metric_judge: SanityReport | None = None
+    mode: Literal["absolute", "ranking", "pairwise"] = "absolute"
+    modes: dict[str, ModeTally] | None = None
 
     def summary(self) -> str:
-        """One line: pairs right, accuracy and the tally per contrast."""
+        """One line: pairs right, accuracy and the tally per contrast (and per mode, when several were measured)."""
         kinds = ", ".join(f"{kind} {t.right}/{t.total}" for kind, t in self.by_kind.items())
         chance = f", p = {self.p_value:.2g} against chance" if self.p_value is not None else ""
-        return f"{self.right}/{self.total} pairs right ({self.accuracy:.0%}{chance}); by kind: {kinds}"
+        modes = "; modes: " + ", ".join(f"{name} {t.right}/{t.total}{' (passed)' if t.passed else ''}"
+                                        for name, t in self.modes.items()) if self.modes else ""
+        label = f"{self.mode} mode: " if self.mode != "absolute" or self.modes else ""
+        return f"{label}{self.right}/{self.total} pairs right ({self.accuracy:.0%}{chance}); by kind: {kinds}{modes}"
 
     def verdict(self) -> str:
         """Whether the judge labels this rubric, and why, in words."""
@@ -415,6 +439,52 @@ def run_sanity(
     return _report(sanity_set, sides, judge=judge.model_name, rubric=judge.rubric.id,
                    rubric_version=judge.rubric.version, judgements=len(judged),
                    failed=sum(j.status == "failed" for j in judged), seconds=seconds)
+
+
+def run_relative_sanity(
+    judge: RelativeJudge,
+    sanity_set: SanitySet,
+    *,
+    concurrency: int = 8,
+    on_judgement: Callable[[Judgement], None] | None = None,
+) -> SanityReport:
+    """A relative judge (ranking or pairwise) on a sanity set: each pair is one context of two
+    candidates, judged together; the pair is right when the better side scores higher.
+
+    Raises:
+        ValueError: if the rubric judges the other kind of target, or ``concurrency`` < 1.
+    """
+    if judge.judge.rubric.target != sanity_set.target:
+        raise ValueError(f"rubric '{judge.judge.rubric.id}' judges a {judge.judge.rubric.target}; "
+                         f"this sanity set holds {sanity_set.target} pairs")
+    start = time.perf_counter()
+    judged = asyncio.run(judge.ajudge_groups([[p.better, p.worse] for p in sanity_set.pairs],
+                                             concurrency=concurrency, on_judgement=on_judgement))
+    seconds = time.perf_counter() - start
+    sides = [(_side(better), _side(worse)) for better, worse in judged]
+    report = _report(sanity_set, sides, judge=judge.judge.model_name, rubric=judge.judge.rubric.id,
+                     rubric_version=judge.judge.rubric.version, judgements=2 * len(judged),
+                     failed=sum(j.status == "failed" for group in judged for j in group), seconds=seconds)
+    return report.model_copy(update={"mode": judge.mode})
+
+
+def choose_mode(reports: Sequence[SanityReport]) -> SanityReport:
+    """The report of the mode that labels: of the modes that passed the gate, the most
+    accurate (the first given on a tie); when none passed, the first report (its rubric is
+    then labelled by the metric judge). It lists what every mode scored in ``modes``.
+
+    Raises:
+        ValueError: on no reports.
+    """
+    if not reports:
+        raise ValueError("choose_mode needs at least one report")
+    passed = [r for r in reports if r.passed]
+    chosen = max(passed, key=lambda r: r.accuracy) if passed else reports[0]
+    tallies = {r.mode: ModeTally(right=r.right, total=r.total, accuracy=r.accuracy,
+                                 p_value=r.p_value if r.p_value is not None else binomial_p(r.right, r.total),
+                                 passed=r.passed, failed_judgements=r.failed_judgements, seconds=r.seconds)
+               for r in reports}
+    return chosen.model_copy(update={"modes": tallies})
 
 
 def metric_sanity(sanity_set: SanitySet, roster: Roster, *, embedder: Embedder | None = None) -> SanityReport:

@@ -33,7 +33,8 @@ class Judgement(BaseModel):
     """A rubric judge's verdict on one target (one JSONL line).
 
     ``ok``: ``scores`` holds every criterion (1..5) and ``overall`` is
-    ``(mean - 1) / 4 * 100``. ``failed``: no scores, ``error`` says why.
+    ``(mean - 1) / 4 * 100``; a relative judgement (``mode`` ranking or pairwise) has only
+    ``overall``. ``failed``: no scores, ``error`` says why.
     ``turn``/``sample``/``persona`` are set for replies, ``block_start``/``block_end``
     (message indices, end exclusive) for blocks.
     """
@@ -56,11 +57,14 @@ class Judgement(BaseModel):
     status: Literal["ok", "failed"]
     error: str | None = None
     attempts: int = Field(ge=0)
+    # absolute: the rubric's scores; ranking/pairwise: an overall score relative to the other
+    # candidates of the context, no criterion scores (judging.relative)
+    mode: Literal["absolute", "ranking", "pairwise"] = "absolute"
 
     @model_validator(mode="after")
     def _consistent(self) -> Judgement:
-        if self.status == "ok" and (not self.scores or self.overall is None or self.error):
-            raise ValueError("an ok judgement has scores and an overall score and no error")
+        if self.status == "ok" and (self.overall is None or self.error or (self.mode == "absolute" and not self.scores)):
+            raise ValueError("an ok judgement has an overall score (and, absolute, the criterion scores) and no error")
         if self.status == "failed" and (self.scores or self.overall is not None or not self.error):
             raise ValueError("a failed judgement has an error and no scores")
         if any(isinstance(v, bool) or v not in LEVELS for v in self.scores.values()):
@@ -73,8 +77,8 @@ class Judgement(BaseModel):
         return self.content_hash, self.rubric, self.rubric_version, self.judge_model
 
     def record(self) -> dict[str, Any]:
-        """The JSON object written to disk (``None`` fields left out)."""
-        return self.model_dump(mode="json", exclude_none=True)
+        """The JSON object written to disk (``None`` fields and the absolute mode left out)."""
+        return self.model_dump(mode="json", exclude_none=True, exclude={"mode"} if self.mode == "absolute" else None)
 
 
 def read_judgements(path: str | Path) -> list[Judgement]:
