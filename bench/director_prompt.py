@@ -86,8 +86,19 @@ def _combined(messages: list[BaseMessage], roster: Any) -> list[BaseMessage]:
     return _no_end_list(_no_person_note(messages, roster), roster)
 
 
+def _end_list(messages: list[BaseMessage], roster: Any) -> list[BaseMessage]:
+    """The prompt before the ablation: the offered voices and the person note again after the question."""
+    system, human = messages
+    offered = [line.split(":")[0].removeprefix("- ") for line in system.text.split("Voices who may speak now:\n")[1]
+               .split("\n\n")[0].splitlines()]
+    if "or \"user\"" in system.text:
+        offered.append('or "user"')
+    return [system, HumanMessage(f"{human.text} The speaker is one of: {', '.join(offered)}.{PERSON_TAIL}")]
+
+
 VARIANTS: dict[str, Callable[[list[BaseMessage], Any], list[BaseMessage]]] = {
     "current": lambda messages, roster: messages,
+    "end_list": _end_list,
     "no_person_note": _no_person_note,
     "no_guidance": _no_guidance,
     "no_end_list": _no_end_list,

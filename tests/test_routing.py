@@ -21,8 +21,8 @@ from mascot.training.evaluation.routing import (
 
 
 def _first_offered(prompt: str) -> str:
-    offered = re.search(r"The speaker is one of: ([^.?]+?)(?:, or \"user\")?\. ", prompt)
-    return json.dumps({"speaker": offered.group(1).split(", ")[0], "action": "speak", "tone": "warm"})
+    offered = re.search(r"Voices who may speak now:\n- (\w+):", prompt)
+    return json.dumps({"speaker": offered.group(1), "action": "speak", "tone": "warm"})
 
 
 @pytest.mark.parametrize("roster_id", ["emotional_support", "workplace_meeting"])
