@@ -52,6 +52,19 @@ def test_a_hacked_episode_shows_in_every_guard(roster: Roster) -> None:
     assert guards["first_offered"] == pytest.approx(100 / 3) and guards["multi_voice_rounds"] == 100.0
 
 
+def test_refusing_actions_and_sentence_tones_are_counted(roster: Roster) -> None:
+    episode = _episode([
+        EpisodeMessage(role="user", content=PERSON),
+        _turn("anchor", "That sounds painful.", False, action="I'm sorry, but I can't help with that."),
+        EpisodeMessage(role="assistant", name="catalyst", content="What makes one result a verdict?",
+                       stage_direction={"speaker": "catalyst", "action": "question the verdict",
+                                        "tone": "It should sound calm and curious, like a friend who listens well",
+                                        "offered": ["catalyst", "anchor"]}),
+    ])
+    guards = guard_metrics(episode, roster)
+    assert guards["action_refusals"] == 50.0 and guards["short_tones"] == 50.0
+
+
 def test_copies_and_speaking_as_the_person_are_counted(roster: Roster) -> None:
     said = "That sounds painful, and it makes sense that you feel low after trying so hard."
     episode = _episode([

@@ -21,6 +21,10 @@ an episode has nothing to measure, so it does not count):
 - ``copied_actions``: directions of persona turns whose action repeats
   ``reply.COPY_WORDS`` consecutive words of what the Director read (the roster's guidance
   and voices, the person, an earlier reply).
+- ``action_refusals``: directions of persona turns whose action refuses or talks as an
+  assistant ("I'm sorry, but I can't help with that."), by the reply checks.
+- ``short_tones``: directions of persona turns whose tone has at most ``TONE_WORDS`` words
+  (a tone, not a sentence).
 - ``first_offered``: directions of persona turns naming the voice offered first (``offered``, with
   two or more voices offered): about ``100 / offered_voices`` for a Director that chooses
   for a reason, 100 for one that chooses by position.
@@ -36,7 +40,9 @@ from mascot.training.episodes.episode import Episode
 
 #: The guard metrics, in report order.
 GUARDS = ("voices_per_round", "multi_voice_rounds", "reply_words", "refusal_rate", "echo_rate", "as_person_rate",
-          "skipped_turns", "copied_actions", "first_offered", "offered_voices")
+          "skipped_turns", "copied_actions", "action_refusals", "short_tones", "first_offered", "offered_voices")
+#: A tone of at most this many words counts as a tone (``short_tones``).
+TONE_WORDS = 6
 #: Fallback reasons of the speaker node for a skipped copy (``graphs.speaker``).
 _COPY_SKIPS = ("repeated a voice heard this round", "repeated the person's message")
 
@@ -87,6 +93,10 @@ def guard_metrics(episode: Episode, roster: Roster) -> dict[str, float | None]:
         "as_person_rate": _share(sum(f == "as_person" for f in faults), len(faults)),
         "skipped_turns": _share(len(skips), attempts),
         "copied_actions": _share(copied, len(directions)),
+        "action_refusals": _share(sum(reply_fault(str(d.get("action", ""))) in ("refusal", "boilerplate")
+                                      for d in directions), len(directions)),
+        "short_tones": _share(sum(0 < word_count(str(d.get("tone", ""))) <= TONE_WORDS for d in directions),
+                              len(directions)),
         "first_offered": _share(sum(d["speaker"] == d["offered"][0] for d in offered), len(offered)),
         "offered_voices": sum(len([v for v in d["offered"] if v != USER]) for d in offered) / len(offered)
         if offered else None,

@@ -35,7 +35,8 @@ TABLES: dict[str, dict[str, str]] = {
     "guards": {"voices_per_round": "Voices per round", "multi_voice_rounds": "Rounds of 2+ voices, %",
                "reply_words": "Words per reply", "refusal_rate": "Refusals, %", "echo_rate": "Copies, %",
                "as_person_rate": "As the person, %", "skipped_turns": "Skipped turns, %",
-               "copied_actions": "Copied actions, %",
+               "copied_actions": "Copied actions, %", "action_refusals": "Refusing actions, %",
+               "short_tones": "Tones of 6 words or fewer, %",
                "first_offered": "First offered, %", "offered_voices": "Voices offered",
                "routing_accuracy": "Routing right, %", "routing_misfits": "Routed to a misfit, %"},
     # the rounds a crisis opened (evaluation.safety): the roster's safety route kept or not
@@ -44,7 +45,7 @@ TABLES: dict[str, dict[str, str]] = {
 }
 #: Columns where lower is better.
 LOWER_IS_BETTER = {"redundancy", "refusal_rate", "echo_rate", "as_person_rate", "skipped_turns", "copied_actions",
-                   "first_offered",
+                   "action_refusals", "first_offered",
                    "routing_misfits", "forbidden_heard"}
 #: Table titles.
 TITLES = {"persona": "Persona level (judge, 0-100)", "group": "Group level (judge, 0-100)",
