@@ -97,3 +97,31 @@ def test_sampling_counts_each_source_keeps_what_passes_and_resumes(roster: Roste
                                       k=1, out=tmp_path / "other.jsonl"))
     with pytest.raises(ValueError, match="keep=0"):
         kept_rows(out, keep=0)
+
+
+def test_directions_are_sampled_as_the_graph_asks_structured_over_the_voices_offered(roster: Roster, episodes: list,
+                                                                                    tmp_path: Path) -> None:
+    from langchain_core.messages import AIMessage
+    from langchain_core.runnables import RunnableLambda
+
+    from mascot.graphs.state import offered_speakers
+
+    asked: list[tuple[str, ...]] = []
+
+    class Structured(PromptChat):
+        def with_structured_output(self, schema, **kwargs):  # noqa: ANN001, ANN003, ANN201
+            enum = tuple(schema["properties"]["speaker"]["enum"])
+            asked.append(enum)
+            text = json.dumps({**GOOD, "speaker": enum[0]})
+            return RunnableLambda(lambda _: {"raw": AIMessage(text), "parsed": json.loads(text),
+                                             "parsing_error": None})
+
+    chat = Structured(reply=lambda p: "I'm sorry, but I can't help with that.")  # the unstructured call refuses
+    points = decision_points(episodes, roster)[:3]
+    out = tmp_path / "samples.jsonl"
+    report = asyncio.run(sample_warm_start(points, [], roster, {"policy": {"director": chat}}, k=1, out=out))
+    assert report.counts["policy/director"]["passed"] >= 1
+    assert [set(a) for a in asked] == [set(offered_speakers(roster, p.messages, round_turns=p.round_turns,
+                                                             min_speakers_per_round=1, seed=0)) for p in points]
+    rows = [json.loads(line) for line in out.read_text().splitlines()]
+    assert all(json.loads(row["completion"])["speaker"] in asked[0] + asked[1] + asked[2] for row in rows)

@@ -9,7 +9,7 @@ from typing import Any
 
 from langchain_core.language_models import BaseChatModel
 from langchain_core.messages import AIMessage, BaseMessage, HumanMessage
-from langchain_core.runnables import Runnable
+from langchain_core.runnables import Runnable, RunnableConfig
 from langgraph.graph import START, StateGraph
 from langgraph.types import Command, RetryPolicy
 from openai import LengthFinishReasonError
@@ -213,6 +213,19 @@ class Decider:
         except LengthFinishReasonError as exc:  # structured output cut at max_tokens
             output = _cut_reply(exc)
         return self._interpret(output, messages, round_turns, offered)
+
+    async def awrite(self, messages: Sequence[BaseMessage], *, round_turns: int,
+                     config: RunnableConfig | None = None) -> str:
+        """The text the Director's model writes after ``messages`` (structured output when
+        asked, as the graph calls it; ``config`` the call's, e.g. the metadata that seeds it),
+        before it is interpreted: a sample to be checked."""
+        offered = self.offered(messages, round_turns=round_turns)
+        model, prompt = self._call(messages, round_turns, offered, None)
+        try:
+            output = await model.ainvoke(prompt, config)
+        except LengthFinishReasonError as exc:
+            output = _cut_reply(exc)
+        return output.text if isinstance(output, AIMessage) else output["raw"].text
 
     async def adecide(self, messages: Sequence[BaseMessage], *, round_turns: int,
                       offered: tuple[str, ...] | None = None, note: str | None = None) -> StageDirection:

@@ -40,6 +40,7 @@ from typing import Any
 from langchain_core.language_models import BaseChatModel
 
 from mascot.graphs.direction import StageDirection, interpret_direction
+from mascot.graphs.director import Decider
 from mascot.graphs.reply import COPY_WORDS, copies, word_count
 from mascot.graphs.reply_faults import reply_fault
 from mascot.graphs.state import round_speakers
@@ -139,6 +140,7 @@ async def sample_warm_start(
     k: int,
     out: str | Path,
     concurrency: int = 8,
+    structured_output: bool = True,
     on_progress: Callable[[SampleReport], None] | None = None,
 ) -> SampleReport:
     """Sample ``k`` directions per decision point and ``k`` replies per persona turn from
@@ -153,6 +155,8 @@ async def sample_warm_start(
         k: Samples per context and source.
         out: The samples file (JSONL), appended to; samples already in it are not drawn again.
         concurrency: Model calls at once.
+        structured_output: Ask the Director's models for structured output, as the graph
+            does (a model without it is prompted for JSON).
         on_progress: Called with the report after each sample.
 
     Returns:
@@ -178,15 +182,19 @@ async def sample_warm_start(
                 if (name, item.context_id, s) not in done]
         report.skipped = (len(points) + len(contexts)) * k * len(sources) - len(jobs)
         limit = asyncio.Semaphore(concurrency)
+        deciders = {name: Decider(roster, models["director"], structured_output=structured_output)
+                    for name, models in sources.items() if points}
 
         async def one(source: str, item: DecisionPoint | CandidateContext, sample: int) -> None:
             director = isinstance(item, DecisionPoint)
-            prompt = [langchain_message(m["role"], m["content"]) for m in item.prompt] if director else item.prompt
             config = {"metadata": {"episode_id": f"{source}|{item.context_id}", "sample": sample}}
             async with limit:
-                reply = await sources[source]["director" if director else item.persona].ainvoke(prompt, config)
+                if director:  # as the graph asks: structured output over the voices offered there
+                    text = (await deciders[source].awrite(item.messages, round_turns=item.round_turns,
+                                                              config=config)).strip()
+                else:
+                    reply = await sources[source][item.persona].ainvoke(item.prompt, config)
             if director:
-                text = reply.text.strip()
                 fault = direction_fault(text, item, roster)
                 completion = _direction_json(text, item, roster) if fault is None else text
             else:
