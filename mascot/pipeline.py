@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from mascot.rosters.yaml_file import YamlFileError, read_yaml
 
@@ -50,6 +50,10 @@ class JudgeStage(_Section):
     api_key_env: str | None = None
     policies: str | None = None
     block_turns: int = Field(default=3, ge=1)  # turns of each sibling block the group rubric judges
+    # judging modes measured on the sanity sets (judging.relative): the one that passes the gate
+    # best labels the candidates and blocks; none passing, the metric judge labels
+    modes: list[Literal["absolute", "ranking", "pairwise"]] = Field(default_factory=lambda: ["absolute"],
+                                                                    min_length=1)
 
 
 class GroupStage(_Section):
@@ -58,6 +62,23 @@ class GroupStage(_Section):
     g: int = Field(default=4, ge=2)  # blocks per decision point
     max_points: int | None = Field(default=None, ge=1)  # first N decision points only
     max_tokens: int | str | None = None
+
+
+class CandidatesStage(_Section):
+    """K sampled replies per persona turn (``mascot candidates``) for the persona judge."""
+
+    k: int = Field(default=3, ge=2)
+    max_contexts: int | None = Field(default=None, ge=1)  # first N persona turns only
+
+
+class SamplesStage(_Section):
+    """Rejection-sampled warm-start data (``mascot samples``): when given, ``sft`` fits on it."""
+
+    k: int = Field(default=4, ge=1)  # samples per context and source
+    teacher: str | None = None  # a stronger model that samples too (a folder or Hub id)
+    keep: int = Field(default=2, ge=1)  # distinct passing samples per context that SFT learns
+    max_points: int | None = Field(default=None, ge=1)
+    max_contexts: int | None = Field(default=None, ge=1)
 
 
 class TrainStage(_Section):
@@ -95,11 +116,13 @@ class PipelineRecipe(_Section):
     import_logs: ImportStage | None = Field(default=None, alias="import-logs")
     judge: JudgeStage
     group_blocks: GroupStage = Field(default_factory=GroupStage, alias="group-blocks")
-    candidates: int = Field(default=3, ge=2)
+    candidates: CandidatesStage = Field(default_factory=CandidatesStage)  # K, or {k, max_contexts}
     min_margin: float = Field(default=0.5, ge=0)
     reward_models: TrainStage = Field(default_factory=TrainStage, alias="reward-models")
-    # the SFT warm start (train-sft) on the best-judged replies and directions: when given,
-    # speaker and Director training go on from its adapters and eval runs it as "sft"
+    # the SFT warm start (train-sft) on the best-judged replies and directions (or, with
+    # `samples`, on the samples that passed the checks): when given, speaker and Director
+    # training go on from its adapters and eval runs it as "sft"
+    samples: SamplesStage | None = None
     sft: TrainStage | None = None
     speakers: SpeakerStage = Field(default_factory=SpeakerStage)
     director: DirectorStage = Field(default_factory=DirectorStage)
@@ -109,6 +132,12 @@ class PipelineRecipe(_Section):
     # judge, eval): "vllm" runs one vLLM server per base model for the whole pipeline, into
     # which each stage loads the adapters it needs (those trained by earlier stages too)
     engine: Literal["local", "vllm"] = "local"
+
+    @field_validator("candidates", mode="before")
+    @classmethod
+    def _candidates_k(cls, value: Any) -> Any:
+        """``candidates: K`` is short for ``candidates: {k: K}``."""
+        return {"k": value} if isinstance(value, int) else value
 
 
 class PipelineError(ValueError):
@@ -145,7 +174,9 @@ def stages(recipe: PipelineRecipe, base: Path) -> list[tuple[str, list[str]]]:
     local = [*roster, "--policies", str(policies)]
     engine = ["--engine", recipe.engine] if recipe.engine != "local" else []  # local: the commands as before
     judge = [*_judge_flags(recipe.judge, base), *engine]
+    modes = ["--modes", ",".join(recipe.judge.modes)] if recipe.judge.modes != ["absolute"] else []
     episodes = str(out / "episodes.jsonl")
+    candidates = recipe.candidates
     plan: list[tuple[str, list[str]]] = []
     if recipe.rollout is not None:
         r = recipe.rollout
@@ -162,19 +193,31 @@ def stages(recipe: PipelineRecipe, base: Path) -> list[tuple[str, list[str]]]:
                     "--seed", str(recipe.seed), "--out", str(out / "blocks.jsonl")]),
         # the policy model's stages together, then the judge's: a pipeline on vLLM runs one
         # server at a time where it can
-        ("candidates", ["candidates", "--in", episodes, *local, *engine, "--k", str(recipe.candidates),
+        ("candidates", ["candidates", "--in", episodes, *local, *engine, "--k", str(candidates.k),
+                        *(["--max-contexts", str(candidates.max_contexts)] if candidates.max_contexts else []),
                         *_budget_flag(recipe.rollout.max_tokens if recipe.rollout else None),
                         "--seed", str(recipe.seed), "--out", str(out / "candidates.jsonl")]),
-        ("judge-blocks", ["judge", "--in", str(out / "blocks.jsonl"), "--rubric", "group", *roster, *judge,
-                          "--out", str(out / "judged-blocks.jsonl")]),
-        # the judge on the roster's fixed sanity sets: a judge under 75 % (or with p >= 0.01 against
-        # chance) leaves the labels of that rubric to the metric judge alone
-        ("judge-sanity-persona", ["judge", "--sanity", "--rubric", "persona", *roster, *judge,
+        *([("samples", ["samples", "--in", episodes, *local, *engine, "--k", str(recipe.samples.k),
+                        *(["--teacher-model", _teacher(recipe, base)] if recipe.samples.teacher else []),
+                        *(["--max-points", str(recipe.samples.max_points)] if recipe.samples.max_points else []),
+                        *(["--max-contexts", str(recipe.samples.max_contexts)] if recipe.samples.max_contexts
+                          else []),
+                        *_budget_flag(recipe.rollout.max_tokens if recipe.rollout else None),
+                        "--seed", str(recipe.seed), "--out", str(out / "samples.jsonl")])]
+          if recipe.samples is not None else []),
+        # the judge on the roster's fixed sanity sets, in each mode: a judge under 75 % (or with
+        # p >= 0.01 against chance) in every mode leaves the labels of that rubric to the metric
+        # judge alone; else the best mode that passed labels
+        ("judge-sanity-persona", ["judge", "--sanity", "--rubric", "persona", *roster, *judge, *modes,
                                   "--out", str(out / "sanity-persona.json")]),
-        ("judge-sanity-group", ["judge", "--sanity", "--rubric", "group", *roster, *judge,
+        ("judge-sanity-group", ["judge", "--sanity", "--rubric", "group", *roster, *judge, *modes,
                                 "--out", str(out / "sanity-group.json")]),
+        ("judge-blocks", ["judge", "--in", str(out / "blocks.jsonl"), "--rubric", "group", *roster, *judge,
+                          *_mode_from(recipe.judge, out / "sanity-group.json"),
+                          "--out", str(out / "judged-blocks.jsonl")]),
         ("judge-candidates", ["judge", "--in", str(out / "candidates.jsonl"), "--rubric", "persona", *roster,
-                              *judge, "--out", str(out / "judged.jsonl")]),
+                              *judge, *_mode_from(recipe.judge, out / "sanity-persona.json"),
+                              "--out", str(out / "judged.jsonl")]),
         ("pairs", ["pairs", "--in", str(out / "judged.jsonl"), "--min-margin", str(recipe.min_margin),
                    "--sanity", str(out / "sanity-persona.json"), *roster,
                    "--seed", str(recipe.seed), "--out", str(out / "pairs")]),
@@ -188,9 +231,11 @@ def stages(recipe: PipelineRecipe, base: Path) -> list[tuple[str, list[str]]]:
     ]
     warm = {}
     if recipe.sft is not None:
-        plan.append(("sft", ["train-sft", *roster, "--base", model, "--pairs", str(out / "pairs"), "--group-pairs",
-                             str(out / "group-pairs"), "--blocks", str(out / "blocks.jsonl"), "--episodes", episodes,
-                             *_recipe(recipe.sft, base), "--out", str(out / "sft")]))
+        data = (["--samples", str(out / "samples.jsonl"), "--keep", str(recipe.samples.keep)] if recipe.samples
+                else ["--pairs", str(out / "pairs"), "--group-pairs", str(out / "group-pairs"), "--blocks",
+                      str(out / "blocks.jsonl"), "--episodes", episodes])
+        plan.append(("sft", ["train-sft", *roster, "--base", model, *data, *_recipe(recipe.sft, base),
+                             "--out", str(out / "sft")]))
         warm = {role: ["--init_adapter", str(out / "sft" / role)] for role in ("speakers", "director")}
     speakers = ["train-speakers", *roster, "--base", model, "--out", str(out / "adapters")]
     if recipe.speakers.method == "dpo":
@@ -279,6 +324,7 @@ def run_pipeline(
         wrote: dict[str, str] = {}  # stage -> its --out
         ran: set[str] = set()
         for name, argv in stages(recipe, base):
+            argv = _warm_start(name, argv, on_stage)
             marker = markers / f"{name}.json"
             digest = hashlib.sha256(json.dumps(argv).encode()).hexdigest()
             # a stage that reads what a stage of this run wrote runs again too (and resumes)
@@ -320,6 +366,20 @@ def run_pipeline(
     return out / "eval" / "report.md"
 
 
+def _warm_start(name: str, argv: list[str], on_stage: Callable[[str, str], None]) -> list[str]:
+    """``argv`` without its ``--init_adapter`` when ``sft`` wrote no adapter there (none of
+    that role's samples passed the checks): the stage starts from the base model, and says so."""
+    if "--init_adapter" not in argv[:-1]:
+        return argv
+    at = argv.index("--init_adapter")
+    folder = Path(argv[at + 1])
+    if (folder / "adapter_config.json").is_file() or not (folder.parent / "policies.yaml").is_file():
+        return argv
+    on_stage(name, f"no warm start ({folder} has no adapter: sft had no passing sample for it); "
+                   "starting from the base model")
+    return [*argv[:at], *argv[at + 2:]]
+
+
 def _reads(argv: list[str], written: str) -> bool:
     """Whether a stage's arguments name ``written`` (a file or folder) or a path inside it."""
     inputs = [arg for i, arg in enumerate(argv) if i == 0 or argv[i - 1] != "--out"]
@@ -351,6 +411,8 @@ def _stage_bases(argv: list[str], recipe: PipelineRecipe, base: Path) -> list[st
     policies' and the judge's for ``eval``, the policies' for the others."""
     if argv[0] == "judge":
         return _judge_bases(recipe, base)
+    if argv[0] == "samples" and recipe.samples and recipe.samples.teacher:
+        return list(dict.fromkeys([_model(recipe, base), _teacher(recipe, base)]))
     return _engine_bases(recipe, base) if argv[0] == "eval" else [_model(recipe, base)]
 
 
@@ -405,6 +467,17 @@ def _model(recipe: PipelineRecipe, base: Path) -> str:
     """The base model: a folder (relative to the recipe) when one exists, else a Hub id."""
     local = _path(recipe.model, base)
     return str(local) if local.exists() else recipe.model
+
+
+def _mode_from(judge: JudgeStage, report: Path) -> list[str]:
+    """``--mode-from REPORT`` when several modes are measured: the sanity report names the one that labels."""
+    return ["--mode-from", str(report)] if judge.modes != ["absolute"] else []
+
+
+def _teacher(recipe: PipelineRecipe, base: Path) -> str:
+    """The warm start's teacher: a folder (relative to the recipe) when one exists, else a Hub id."""
+    local = _path(recipe.samples.teacher, base)
+    return str(local) if local.exists() else recipe.samples.teacher
 
 
 def _judge_flags(judge: JudgeStage, base: Path, prefix: str = "") -> list[str]:

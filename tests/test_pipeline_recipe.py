@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from mascot.pipeline import PipelineError, load_recipe, stages
+from mascot.pipeline import PipelineError, _stage_bases, load_recipe, stages
 
 RECIPE = {"roster": "emotional_support", "model": "Qwen/Qwen3-0.6B", "out": "run",
           "import-logs": {"from": "sqlite:///app.db"}, "judge": {"policies": "judge.yaml"},
@@ -23,8 +23,8 @@ def write(tmp_path: Path, recipe: dict) -> Path:
 def test_app_logs_recipe_turns_into_mascot_commands(tmp_path: Path) -> None:
     recipe = load_recipe(write(tmp_path, RECIPE))
     plan = dict(stages(recipe, tmp_path))
-    assert list(plan) == ["import-logs", "blocks", "candidates", "judge-blocks", "judge-sanity-persona",
-                          "judge-sanity-group", "judge-candidates", "pairs", "group-pairs", "persona-rm", "group-rm",
+    assert list(plan) == ["import-logs", "blocks", "candidates", "judge-sanity-persona", "judge-sanity-group",
+                          "judge-blocks", "judge-candidates", "pairs", "group-pairs", "persona-rm", "group-rm",
                           "speakers", "director", "eval"]
     # the labels follow the judge's sanity accuracy
     assert plan["pairs"][plan["pairs"].index("--sanity") + 1] == plan["judge-sanity-persona"][-1]
@@ -72,7 +72,7 @@ def test_a_warm_start_stage_is_where_training_starts_and_an_eval_system(tmp_path
     ({"rollout": {"episodes": 2}}, "exactly one episode source"),
     ({"import-logs": None}, "exactly one episode source"),
     ({"judge": {"policies": "j.yaml", "colour": "red"}}, "judge.colour: Extra inputs are not permitted"),
-    ({"candidates": 1}, "candidates: Input should be greater than or equal to 2"),
+    ({"candidates": 1}, "candidates.k: Input should be greater than or equal to 2"),
 ])
 def test_bad_recipes_are_one_line_errors(tmp_path: Path, change: dict, message: str) -> None:
     recipe = {**RECIPE, **change}
@@ -169,3 +169,55 @@ def test_a_rerun_skips_finished_stages_until_one_runs_then_runs_the_rest(tmp_pat
     downstream = ["blocks", "judge-blocks", "group-pairs", "group-rm", "director", "eval"]
     assert ran == [dict(plan)[name][0] for name in downstream]
     assert everything == [argv[0] for _, argv in plan] and len(names) > len(downstream)
+
+
+def test_a_samples_stage_feeds_the_warm_start_and_runs_on_the_policy_and_teacher_servers(tmp_path: Path) -> None:
+    teacher = tmp_path / "teacher"
+    teacher.mkdir()
+    recipe = load_recipe(write(tmp_path, {**RECIPE, "engine": "vllm", "sft": {"config": "sft.yaml"},
+                                          "candidates": {"k": 2, "max_contexts": 5},
+                                          "samples": {"k": 3, "teacher": "teacher", "keep": 1, "max_points": 7}}))
+    plan = dict(stages(recipe, tmp_path))
+    samples = plan["samples"]
+    assert samples[samples.index("--teacher-model") + 1] == str(teacher)
+    assert samples[samples.index("--k") + 1] == "3" and samples[samples.index("--max-points") + 1] == "7"
+    assert "--max-contexts" not in samples and samples[-1].endswith("samples.jsonl")
+    sft = plan["sft"]
+    assert sft[sft.index("--samples") + 1] == samples[-1] and sft[sft.index("--keep") + 1] == "1"
+    assert "--pairs" not in sft
+    candidates = plan["candidates"]
+    assert candidates[candidates.index("--k") + 1] == "2" and candidates[candidates.index("--max-contexts") + 1] == "5"
+    assert _stage_bases(samples, recipe, tmp_path) == ["Qwen/Qwen3-0.6B", str(teacher)]
+    assert _stage_bases(candidates, recipe, tmp_path) == ["Qwen/Qwen3-0.6B"]
+    # without a samples section the warm start learns the judged winners, as before
+    plain = dict(stages(load_recipe(write(tmp_path, {**RECIPE, "sft": {"config": "sft.yaml"}})), tmp_path))
+    assert "samples" not in plain and "--pairs" in plain["sft"]
+
+
+def test_judging_modes_are_measured_on_the_sanity_sets_and_the_chosen_one_labels(tmp_path: Path) -> None:
+    plan = dict(stages(load_recipe(write(tmp_path, {**RECIPE, "judge": {"policies": "judge.yaml",
+                                                                         "modes": ["absolute", "pairwise"]}})),
+                       tmp_path))
+    for rubric, labelled in (("persona", "judge-candidates"), ("group", "judge-blocks")):
+        sanity = plan[f"judge-sanity-{rubric}"]
+        assert sanity[sanity.index("--modes") + 1] == "absolute,pairwise"
+        assert plan[labelled][plan[labelled].index("--mode-from") + 1] == sanity[-1]
+    plain = dict(stages(load_recipe(write(tmp_path, RECIPE)), tmp_path))
+    assert "--modes" not in plain["judge-sanity-group"] and "--mode-from" not in plain["judge-blocks"]
+    with pytest.raises(PipelineError, match="judge.modes.0: Input should be 'absolute', 'ranking' or 'pairwise'"):
+        load_recipe(write(tmp_path, {**RECIPE, "judge": {"policies": "judge.yaml", "modes": ["vibes"]}}))
+
+
+def test_a_role_the_warm_start_wrote_no_adapter_for_starts_from_the_base_model(tmp_path: Path) -> None:
+    from mascot.pipeline import _warm_start
+
+    said: list[tuple[str, str]] = []
+    argv = ["train-director", "--base", "m", "--init_adapter", str(tmp_path / "sft" / "director"), "--out", "a"]
+    assert _warm_start("director", argv, lambda *a: said.append(a)) == argv  # sft has not run: left as is
+    (tmp_path / "sft" / "speakers").mkdir(parents=True)
+    (tmp_path / "sft" / "speakers" / "adapter_config.json").write_text("{}")
+    (tmp_path / "sft" / "policies.yaml").write_text("version: 1\n")
+    speakers = ["train-speakers", "--init_adapter", str(tmp_path / "sft" / "speakers"), "--out", "a"]
+    assert _warm_start("speakers", speakers, lambda *a: said.append(a)) == speakers and not said
+    assert _warm_start("director", argv, lambda *a: said.append(a)) == ["train-director", "--base", "m", "--out", "a"]
+    assert said and said[0][0] == "director" and "no warm start" in said[0][1]
