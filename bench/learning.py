@@ -58,9 +58,14 @@ METRICS = {"redundancy": True, "distinct_2": False, "mean_reply_tokens": False, 
 #: Guard metrics compared (``mascot.training.evaluation.guards``, as shares 0-1; routing in %), lower is better?
 GUARDS = {"voices_per_round": False, "multi_voice_rounds": False, "reply_words": False, "refusal_rate": True,
           "echo_rate": True, "as_person_rate": True, "skipped_turns": True, "copied_actions": True,
-          "first_offered": True, "offered_voices": False, "routing_accuracy": False, "routing_misfits": True}
+          "action_refusals": True, "short_tones": False, "first_offered": True, "offered_voices": False,
+          "routing_accuracy": False, "routing_misfits": True}
+#: The README's first message, played through each ensemble after the run (``mascot chat``).
+README_MESSAGE = "I failed my driving test again and I feel like an idiot"
+README_SEEDS = (0, 1, 2)
 #: --quick: every stage, smallest sizes.
 QUICK = {"rollout": {"episodes": 2}, "group-blocks": {"g": 3, "max_points": 4}, "candidates": 2,
+         "samples": {"k": 1, "max_points": 3, "max_contexts": 3},
          "eval": {"episodes": 2}, "steps": 1}
 #: Bootstrap resamples whole held-out scenarios (several people play each).
 CLUSTER = "scenario"
@@ -85,8 +90,11 @@ def main() -> int:
         Path("~/.cache/mascot/qwen2.5-coder-0.5b-instruct").expanduser())
     # a judge stronger than the policy when it is built (mascot offline-model --model qwen2.5-coder-1.5b-instruct)
     judge = Path(args.judge_model).expanduser() if args.judge_model else built_offline_model(OFFLINE_JUDGE) or model
-    print(f"learning: policy model {model}; judge {judge}", file=sys.stderr, flush=True)
+    print(f"learning: {machine()}", file=sys.stderr, flush=True)
+    print(f"learning: policy model {model}; judge and warm-start teacher {judge}", file=sys.stderr, flush=True)
     recipe = write_run(work, model, quick=args.quick, judge=judge)
+    print(f"learning: estimate {estimate(recipe):.0f} min on a 2-core CPU with native bf16 (about twice that "
+          f"without); a rerun resumes where this one stopped", file=sys.stderr, flush=True)
     timings: dict[str, float] = {}
     clock = {"stage": "", "t": time.monotonic()}
 
@@ -98,7 +106,13 @@ def main() -> int:
             timings[name] = round(time.monotonic() - clock["t"], 1)
 
     run_pipeline(recipe, on_stage=on_stage)
+    clock.update(t=time.monotonic())
+    readme = readme_rounds(work, model)
+    timings["readme-message"] = round(time.monotonic() - clock["t"], 1)
     results = analyse(work, model, timings=timings, quick=args.quick, judge=judge)
+    results["readme_message"] = readme
+    results["targets"].update(readme_targets(readme))
+    results["machine"] = machine()
     results["minutes_total"] = round((time.monotonic() - started) / 60, 1)
     write_docs(work, docs, results)
     print(f"learning: report {docs / 'report.md'} ({results['minutes_total']} min)")
@@ -119,6 +133,8 @@ def write_run(work: Path, model: Path, *, quick: bool, judge: Path | None = None
         raise SystemExit("split.json: a scenario is both train and held out")
     recipe["model"] = str(model)
     recipe["judge"]["model"] = str(judge or model)
+    if recipe.get("samples") is not None:  # the stronger model samples the warm start too, when built
+        recipe["samples"]["teacher"] = str(judge) if judge and judge != model else None
     for name in ("rm.yaml", "sft.yaml", "speakers.yaml", "director.yaml"):
         config = yaml.safe_load((HERE / name).read_text(encoding="utf-8"))
         # bf16 only where the CPU computes it natively: emulated, it is slower than fp32
@@ -130,12 +146,100 @@ def write_run(work: Path, model: Path, *, quick: bool, judge: Path | None = None
         (work / name).write_text(yaml.safe_dump(config, sort_keys=False), encoding="utf-8")
     if quick:
         recipe["rollout"].update(QUICK["rollout"])
+        if recipe.get("samples") is not None:
+            recipe["samples"].update(QUICK["samples"])
         recipe["group-blocks"].update(QUICK["group-blocks"])
         recipe["candidates"] = QUICK["candidates"]
         recipe["eval"].update(QUICK["eval"])
     path = work / "recipe.yaml"
     path.write_text(yaml.safe_dump(recipe, sort_keys=False), encoding="utf-8")
     return path
+
+
+def machine() -> str:
+    """This machine in one line: CPU model, cores, whether it computes bf16 natively, memory."""
+    import os
+    import platform
+
+    model = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
+                  if line.startswith("model name")), platform.processor()) if Path("/proc/cpuinfo").is_file() \
+        else platform.processor()
+    memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30
+    return (f"{model}, {os.cpu_count()} cores, {'native bf16' if native_bf16() else 'no native bf16 (fp32)'}, "
+            f"{memory:.0f} GiB")
+
+
+#: Seconds per unit of each stage on a 2-core CPU with native bf16 (measured in this run's
+#: stages: bench/learning.py's report lists them), for the estimate printed before a run.
+_COST = {"engine": 240, "rollout": 9.0, "blocks": 6.0, "candidates": 2.5, "samples": 1.2, "judge": 6.0,
+         "sanity": 150, "rm": 150, "sft_row": 4.0, "speaker_step": 60, "director_step": 50, "eval_episode": 5.0}
+
+
+def estimate(recipe_file: Path) -> float:
+    """Minutes the run should take here, from its sizes and ``_COST``."""
+    recipe = yaml.safe_load(recipe_file.read_text(encoding="utf-8"))
+    work = recipe_file.parent
+    config = {n: yaml.safe_load((work / f"{n}.yaml").read_text(encoding="utf-8")) for n in ("speakers", "director")}
+    samples = recipe.get("samples") or {}
+    sampled = (samples.get("max_points", 0) + samples.get("max_contexts", 0)) * samples.get("k", 0) * (
+        2 if samples.get("teacher") else 1)
+    candidates = recipe["candidates"]
+    contexts = candidates.get("max_contexts", 2 * recipe["rollout"]["episodes"]) if isinstance(candidates, dict) \
+        else 2 * recipe["rollout"]["episodes"]
+    blocks = recipe["group-blocks"]["g"] * recipe["group-blocks"].get("max_points", 12)
+    systems = 2 + len(recipe["eval"].get("baselines", [])) + (2 if recipe["eval"].get("ablations") else 0)
+    seconds = (_COST["engine"] * 4 + _COST["rollout"] * recipe["rollout"]["episodes"] + _COST["blocks"] * blocks
+               + _COST["candidates"] * contexts * 2 + _COST["samples"] * sampled
+               + _COST["judge"] * (blocks + contexts * 2)
+               + _COST["sanity"] * 2 * len(recipe["judge"].get("modes", ["absolute"])) + _COST["rm"] * 2
+               + _COST["sft_row"] * (samples.get("max_points", 0) + samples.get("max_contexts", 0))
+               + _COST["speaker_step"] * config["speakers"].get("max_steps", 0)
+               + _COST["director_step"] * config["director"].get("max_steps", 0)
+               + _COST["eval_episode"] * recipe["eval"]["episodes"] * systems)
+    return seconds / 60
+
+
+def readme_rounds(work: Path, model: Path) -> dict[str, list[dict[str, Any]]]:
+    """The README's first message played once per seed through the untrained and the trained
+    ensemble (``mascot chat --json``, the local engine): who spoke and what they said."""
+    import subprocess
+
+    runs: dict[str, list[dict[str, Any]]] = {}
+    systems = {"untrained": ["--model", str(model)],
+               "trained": ["--policies", str(work / "adapters" / "policies.yaml")]}
+    for name, flags in systems.items():
+        for seed in README_SEEDS:
+            result = subprocess.run([sys.executable, "-m", "mascot", "chat", "--roster", "emotional_support", *flags,
+                                     "--message", README_MESSAGE, "--seed", str(seed), "--json"],
+                                    capture_output=True, text=True)
+            if result.returncode != 0:
+                lines = result.stderr.strip().splitlines()
+                raise SystemExit(f"readme message ({name}, seed {seed}): {lines[-1] if lines else 'failed'}")
+            episode = json.loads(result.stdout)
+            turns = [m for m in episode["messages"] if m["role"] == "assistant" and m.get("name")]
+            runs.setdefault(name, []).append({
+                "seed": seed,
+                "turns": [{"speaker": m["name"], "text": m["content"],
+                           "action": (m.get("stage_direction") or {}).get("action"),
+                           "tone": (m.get("stage_direction") or {}).get("tone")} for m in turns]})
+    return runs
+
+
+def readme_targets(runs: dict[str, list[dict[str, Any]]]) -> dict[str, dict[str, Any]]:
+    """The README message's target: every trained round has two or more voices, no refusal
+    and no copy of the roster's style example."""
+    from mascot.graphs.reply import copies
+    from mascot.graphs.reply_faults import reply_fault
+
+    style = load_roster("emotional_support")
+    examples = [p.style for p in style.personas]
+    rounds = runs.get("trained", [])
+    voices = [len({t["speaker"] for t in r["turns"]}) for r in rounds]
+    refusals = sum(reply_fault(t["text"]) in ("refusal", "boilerplate") for r in rounds for t in r["turns"])
+    copied = sum(copies(t["text"], examples) for r in rounds for t in r["turns"])
+    return {"readme_message_two_voices_no_refusal_no_copy": {
+        "rounds": len(rounds), "voices": voices, "refusals": refusals, "copied_style": copied,
+        "met": bool(rounds) and min(voices) >= 2 and refusals == 0 and copied == 0}}
 
 
 def native_bf16() -> bool:
@@ -180,8 +284,8 @@ def analyse(work: Path, model: Path, *, timings: dict[str, float], quick: bool,
         routing = work / "eval" / "routing" / f"{eval_name}.json"
         if routing.is_file():  # per routing point, not per episode: summarised, not bootstrapped
             routed = json.loads(routing.read_text(encoding="utf-8"))
-            routing_rows[name] = {"accuracy": sum(bool(r["right"]) for r in routed.values()) / len(routed),
-                                  "misfits": sum(bool(r["misfit"]) for r in routed.values()) / len(routed),
+            routing_rows[name] = {"accuracy": 100 * sum(bool(r["right"]) for r in routed.values()) / len(routed),
+                                  "misfits": 100 * sum(bool(r["misfit"]) for r in routed.values()) / len(routed),
                                   "points": len(routed)}
         for rubric in rubrics:
             values[f"{rubric}_overall"] = dict(scores.tables.get(rubric, {}).get("overall", {}))
@@ -248,41 +352,46 @@ def direction_metrics(episode: Episode, roster: Any, tokenizer: Any) -> dict[str
 
 
 def targets(c: dict[str, Any]) -> dict[str, dict[str, Any]]:
-    """The issue's targets (held-out, trained vs untrained), each with the measured figure and
-    whether it was met; a target whose metric was not measured is listed as not met."""
+    """The issue's targets (held-out, trained vs untrained; guards in percent), each with the
+    measured figure and whether it was met; a target whose metric was not measured is not met."""
     def get(metric: str, key: str) -> Any:
         return c.get(metric, {}).get(key)
 
-    def row(metric: str, met: Any, **measured: Any) -> dict[str, Any]:
-        return {**measured, "met": bool(met) if metric in c else False, **({} if metric in c else {"missing": True})}
+    def row(metrics: tuple[str, ...], met: Any, **measured: Any) -> dict[str, Any]:
+        found = all(m in c and get(m, "trained") is not None for m in metrics)
+        return {**measured, "met": bool(found and met()), **({} if found else {"missing": True})}
 
     t, u = (lambda m: get(m, "trained")), (lambda m: get(m, "untrained"))
     ci = (lambda m: get(m, "diff_ci95") or [None, None])
-    out = {
-        "refusals_at_most_2_points_higher": row("refusal_rate", "refusal_rate" in c and t("refusal_rate") - u("refusal_rate") <= 0.02,
-                                                trained=t("refusal_rate"), untrained=u("refusal_rate")),
-        "multi_voice_rounds_not_fewer": row("multi_voice_rounds", "multi_voice_rounds" in c
-                                            and t("multi_voice_rounds") >= u("multi_voice_rounds"),
-                                            trained=t("multi_voice_rounds"), untrained=u("multi_voice_rounds")),
-    }
-    if "redundancy" in c and u("redundancy"):
-        relative = (t("redundancy") - u("redundancy")) / u("redundancy")
-        out["redundancy_15pct_lower_ci_below_0"] = row("redundancy", relative <= -0.15 and ci("redundancy")[1] < 0,
-                                                       relative=relative, ci95=ci("redundancy"))
-    else:
-        out["redundancy_15pct_lower_ci_below_0"] = row("redundancy", False)
-    out["identifiability_higher_ci_above_0"] = row(
-        "persona_identifiability", "persona_identifiability" in c and ci("persona_identifiability")[0] > 0,
-        diff=get("persona_identifiability", "diff"), ci95=ci("persona_identifiability"))
+    out = {}
+    for metric, name in (("refusal_rate", "reply_refusals"), ("action_refusals", "action_refusals")):
+        out[f"{name}_at_most_2pct_not_above_untrained"] = row(
+            (metric,), lambda m=metric: t(m) <= 2 and t(m) <= u(m), trained=t(metric), untrained=u(metric))
+    out["copied_actions_at_most_10pct"] = row(("copied_actions",), lambda: t("copied_actions") <= 10,
+                                              trained=t("copied_actions"), untrained=u("copied_actions"))
+    out["short_tones_at_least_95pct"] = row(("short_tones",), lambda: t("short_tones") >= 95,
+                                            trained=t("short_tones"), untrained=u("short_tones"))
+    out["multi_voice_rounds_at_least_60pct_not_fewer"] = row(
+        ("multi_voice_rounds",), lambda: t("multi_voice_rounds") >= 60 and t("multi_voice_rounds") >= u("multi_voice_rounds"),
+        trained=t("multi_voice_rounds"), untrained=u("multi_voice_rounds"))
+    relative = ((t("redundancy") - u("redundancy")) / u("redundancy")) if t("redundancy") is not None and u(
+        "redundancy") else None
+    out["redundancy_15pct_lower_ci_below_0"] = row(
+        ("redundancy",), lambda: relative is not None and relative <= -0.15 and ci("redundancy")[1] < 0,
+        relative=relative, ci95=ci("redundancy"))
+    out["identifiability_higher"] = row(("persona_identifiability",), lambda: get("persona_identifiability", "diff") > 0,
+                                        diff=get("persona_identifiability", "diff"),
+                                        ci95=ci("persona_identifiability"))
     k = t("offered_voices")
-    out["first_offered_at_most_1_over_k_plus_10_points"] = row(
-        "first_offered", "first_offered" in c and k and t("first_offered") <= 1 / k + 0.10,
-        trained=t("first_offered"), bound=(1 / k + 0.10) if k else None, voices_offered=k)
-    out["copied_actions_at_most_10pct"] = row("copied_actions", "copied_actions" in c and t("copied_actions") <= 0.10,
-                                              trained=t("copied_actions"))
-    out["persona_score_higher_ci_above_0"] = row("persona_overall", "persona_overall" in c
-                                                 and ci("persona_overall")[0] > 0,
-                                                 diff=get("persona_overall", "diff"), ci95=ci("persona_overall"))
+    out["first_offered_at_most_100_over_k_plus_10"] = row(
+        ("first_offered", "offered_voices"), lambda: t("first_offered") <= 100 / k + 10,
+        trained=t("first_offered"), untrained=u("first_offered"), bound=(100 / k + 10) if k else None,
+        voices_offered=k)
+    out["routing_above_untrained_no_more_misfits"] = row(
+        ("routing_accuracy", "routing_misfits"),
+        lambda: t("routing_accuracy") > u("routing_accuracy") and t("routing_misfits") <= u("routing_misfits"),
+        trained=t("routing_accuracy"), untrained=u("routing_accuracy"),
+        misfits_trained=t("routing_misfits"), misfits_untrained=u("routing_misfits"))
     return out
 
 
@@ -357,7 +466,8 @@ def write_docs(work: Path, docs: Path, results: dict[str, Any]) -> None:
     docs.mkdir(parents=True, exist_ok=True)
     (docs / "episodes").mkdir(exist_ok=True)
     for name, eval_name in SYSTEMS.items():
-        shutil.copyfile(work / "eval" / "episodes" / f"{eval_name}.jsonl", docs / "episodes" / f"{name}.jsonl")
+        if (work / "eval" / "episodes" / f"{eval_name}.jsonl").is_file():
+            shutil.copyfile(work / "eval" / "episodes" / f"{eval_name}.jsonl", docs / "episodes" / f"{name}.jsonl")
     plots = _plots(results, docs)
     (docs / "results.json").write_text(json.dumps(results, indent=1) + "\n", encoding="utf-8")
     (docs / "report.md").write_text(_report(results, plots), encoding="utf-8")
@@ -446,7 +556,7 @@ def _report(results: dict[str, Any], plots: list[str]) -> str:
         + f". Reply budgets (tokens, every system): {json.dumps(results['reply_budgets'])}. Intervals: "
         f"{results['bootstrap']}.", "",
     ]
-    for title, guard in (("Quality", False), ("Guards (shares 0-1 unless named otherwise)", True)):
+    for title, guard in (("Quality", False), ("Guards (percent unless named otherwise)", True)):
         lines += [f"## {title}", "", "| metric | " + " | ".join(systems) + " | trained - untrained, 95 % CI |",
                   "|---|" + "---|" * (len(systems) + 1)]
         for metric, row in c.items():
@@ -460,6 +570,17 @@ def _report(results: dict[str, Any], plots: list[str]) -> str:
     for name, target in results["targets"].items():
         measured = ", ".join(f"{k} {f(v)}" for k, v in target.items() if k != "met")
         lines.append(f"| {name} | {measured} | {'yes' if target['met'] else '**no**'} |")
+    if results.get("readme_message"):
+        lines += ["", f"## The README's message, verbatim (\"{README_MESSAGE}\", local engine, seeds "
+                      f"{', '.join(map(str, README_SEEDS))})", ""]
+        for system, rounds in results["readme_message"].items():
+            for played in rounds:
+                lines.append(f"**{system}, seed {played['seed']}**")
+                lines.append("")
+                for turn in played["turns"]:
+                    lines.append(f"- *{turn['speaker']}* (action: {turn['action']!r}; tone: {turn['tone']!r}): "
+                                 f"{turn['text']}")
+                lines.append("")
     lines += ["", "## The judge and the reward models", ""]
     for rubric, report in results["sanity"].items():
         metric = report.get("metric_judge") or {}
