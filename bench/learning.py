@@ -116,7 +116,31 @@ def main() -> int:
     results["minutes_total"] = round((time.monotonic() - started) / 60, 1)
     write_docs(work, docs, results)
     print(f"learning: report {docs / 'report.md'} ({results['minutes_total']} min)")
+    if not args.quick:
+        ship_adapters(work, model, results)
     return 0
+
+
+def ship_adapters(work: Path, model: Path, results: dict[str, Any]) -> Path | None:
+    """The run's adapters into the package (``mascot.trained``), when the policy model is
+    the default offline model: ``mascot offline-model`` then writes them beside it."""
+    from mascot.offline_model import DEFAULT_OFFLINE_MODEL, is_offline_model
+    from mascot.trained import ship
+
+    if not is_offline_model(model, model=DEFAULT_OFFLINE_MODEL):
+        print(f"learning: {model} is not the offline {DEFAULT_OFFLINE_MODEL}: its adapters are not shipped",
+              file=sys.stderr)
+        return None
+    roster = load_roster(yaml.safe_load((work / "recipe.yaml").read_text(encoding="utf-8"))["roster"])
+    card = json.loads((work / "adapters" / "director" / "adapter_card.json").read_text(encoding="utf-8"))
+    played = yaml.safe_load((work / "adapters" / "policies.yaml").read_text(encoding="utf-8"))["roles"]
+    run = {"roster": roster.id, "personas": list(roster.persona_ids), "version": played["director"].get("version"),
+           "director_steps": card.get("steps"), "report": "docs/learning/report.md",
+           "minutes_total": results.get("minutes_total"), "machine": results.get("machine")}
+    target = ship(work / "adapters", DEFAULT_OFFLINE_MODEL, run)
+    print(f"learning: adapters shipped in {target} (mascot offline-model writes them beside the model)",
+          file=sys.stderr)
+    return target
 
 
 def write_run(work: Path, model: Path, *, quick: bool, judge: Path | None = None) -> Path:

@@ -13,6 +13,7 @@ from types import SimpleNamespace
 
 import numpy as np
 import pytest
+import yaml
 
 from mascot import offline_model
 from mascot.cli import main
@@ -214,6 +215,30 @@ def test_cli_already_there_prints_the_next_step(tmp_path: Path, monkeypatch: pyt
     printed = capsys.readouterr().out
     assert "already in" in printed
     assert f"mascot chat --roster emotional_support --model {tmp_path} --message" in printed
+
+
+def test_cli_writes_the_shipped_adapters_and_a_policies_file_beside_the_model(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    import mascot.trained as trained
+
+    shipped = tmp_path / "shipped" / "qwen2.5-coder-0.5b-instruct"
+    for role in trained.ROLES:
+        (shipped / role).mkdir(parents=True)
+        for name in trained.ADAPTER_FILES:
+            (shipped / role / name).write_text("{}")
+    (shipped / trained.RUN_FILE).write_text(json.dumps({"roster": "emotional_support", "personas": ["anchor"],
+                                                        "report": "docs/learning/report.md"}))
+    monkeypatch.setattr(trained, "SHIPPED", tmp_path / "shipped")
+    model = tmp_path / "model"
+    model.mkdir()
+    (model / MARKER).write_text(json.dumps({"sha256": SOURCE.sha256, "dtype": "float16"}))
+    assert main(["offline-model", "--out", str(model), "--dtype", "float16"]) == 0
+    printed = capsys.readouterr().out
+    assert f"next: mascot chat --roster emotional_support --policies {model.resolve() / 'policies.yaml'}" in printed
+    assert f"untrained: mascot chat --roster emotional_support --model {model} --message" in printed
+    roles = yaml.safe_load((model / "policies.yaml").read_text())["roles"]
+    assert roles["anchor"]["adapter"] == "adapters/speakers" and roles["director"]["adapter"] == "adapters/director"
+    assert (model / "adapters" / "director" / "adapter_model.safetensors").is_file()
 
 
 @pytest.mark.real_model

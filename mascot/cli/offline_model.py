@@ -16,6 +16,7 @@ from mascot.offline_model import (
     default_cache,
     is_offline_model,
 )
+from mascot.trained import shipped_run, write_trained_policies
 
 
 def add_commands(commands: argparse._SubParsersAction) -> None:
@@ -52,6 +53,15 @@ def _offline_model(args: argparse.Namespace) -> int:
         with progress:
             build_offline_model(args.out, dtype=args.dtype, cache=args.cache, on_progress=show, model=args.model)
         out.print(f"offline model ({upstream}, {args.dtype}) written to {args.out}", markup=False)
-    next_step = f'mascot chat --roster emotional_support --model {shlex.quote(args.out)} --message "..."'
-    out.print(f"next: {next_step}", markup=False)
+    untrained = f'mascot chat --roster emotional_support --model {shlex.quote(args.out)} --message "..."'
+    policies = write_trained_policies(args.out, args.model)
+    if policies is None:
+        out.print(f"next: {untrained}", markup=False)
+        return 0
+    run = shipped_run(args.model) or {}
+    out.print(f"trained adapters ({run.get('roster')} roster, {run.get('report')}) and {policies} written beside it",
+              markup=False)
+    out.print(f"next: mascot chat --roster {run.get('roster')} --policies {shlex.quote(str(policies))} "
+              f'--message "..."', markup=False)
+    out.print(f"untrained: {untrained}", markup=False)
     return 0

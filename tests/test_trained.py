@@ -1,0 +1,46 @@
+"""The trained adapters that ship with the package, and the policies file that plays them."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from mascot.offline_model import DEFAULT_OFFLINE_MODEL
+from mascot.policies.spec import load_policy_specs
+from mascot.rosters import load_roster
+from mascot.trained import ADAPTER_FILES, ROLES, TrainedError, ship, shipped_run, write_trained_policies
+
+
+def _adapters(folder: Path) -> Path:
+    for role in ROLES:
+        (folder / role).mkdir(parents=True)
+        for name in ADAPTER_FILES:
+            (folder / role / name).write_text(json.dumps({"base_model_name_or_path": "/somewhere/else", "r": 8}))
+    return folder
+
+
+def test_a_run_ships_and_the_model_folder_gets_a_policies_file_that_plays_it(tmp_path: Path) -> None:
+    roster = load_roster("emotional_support")
+    run = {"roster": roster.id, "personas": list(roster.persona_ids), "version": "v1", "report": "docs/learning"}
+    target = ship(_adapters(tmp_path / "run" / "adapters"), "some-model", run, into=tmp_path / "shipped")
+    assert shipped_run("some-model", shipped=tmp_path / "shipped") == run
+    config = json.loads((target / "director" / "adapter_config.json").read_text())
+    assert config["base_model_name_or_path"] == "some-model" and config["r"] == 8  # no path of the training machine
+    model = tmp_path / "model"
+    model.mkdir()
+    policies = write_trained_policies(model, "some-model", shipped=tmp_path / "shipped")
+    assert policies == model.resolve() / "policies.yaml"
+    specs = load_policy_specs(policies, None)
+    for persona in roster.persona_ids:
+        assert specs[persona].adapter == str(model.resolve() / "adapters" / "speakers")
+    assert specs["director"].adapter == str(model.resolve() / "adapters" / "director")
+    assert specs["default"].adapter is None and specs["default"].model == str(model.resolve())
+    assert all((Path(specs["director"].adapter) / name).is_file() for name in ADAPTER_FILES)
+    # nothing ships for another model; an unfinished adapter does not ship
+    assert write_trained_policies(model, "other-model", shipped=tmp_path / "shipped") is None
+    (tmp_path / "run" / "adapters" / "director" / "adapter_model.safetensors").unlink()
+    with pytest.raises(TrainedError, match="no adapter_model.safetensors"):
+        ship(tmp_path / "run" / "adapters", "some-model", run, into=tmp_path / "again")
+
