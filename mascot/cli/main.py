@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import signal
 import sys
 from collections.abc import Sequence
 from contextlib import ExitStack
@@ -60,6 +61,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         handlers=[_ConsoleHandler()],
     )
     args.cleanup = ExitStack()  # what a command started (a vLLM server) stops when it ends
+    if argv is None:
+        stop_on_signals()
     try:
         with args.cleanup:
             return args.run(args)
@@ -73,6 +76,17 @@ def main(argv: Sequence[str] | None = None) -> int:
         if message is None:
             raise
         return _fail(message)
+
+
+def stop_on_signals() -> None:
+    """Make SIGTERM and SIGHUP end this process as Ctrl-C does (``KeyboardInterrupt``), so
+    what it started (a vLLM server in its own session, a stage's process) is stopped on the
+    way out instead of being left running."""
+    def interrupt(signum: int, frame: object) -> None:
+        raise KeyboardInterrupt(signal.Signals(signum).name)
+
+    for sig in (signal.SIGTERM, signal.SIGHUP):
+        signal.signal(sig, interrupt)
 
 
 def _user_error(exc: Exception) -> str | None:
