@@ -37,6 +37,7 @@ from typing import Any
 
 import yaml
 
+from mascot.cli.main import stop_on_signals
 from mascot.offline_model import OFFLINE_JUDGE, build_offline_model, built_offline_model
 from mascot.pipeline import run_pipeline
 from mascot.rosters import load_roster, load_scenarios
@@ -81,6 +82,7 @@ def main() -> int:
     parser.add_argument("--work", metavar="DIR", help="run folder (default ./learning-run or ./learning-quick)")
     parser.add_argument("--docs", metavar="DIR", help="report folder (default docs/learning; --quick: WORK/docs)")
     args = parser.parse_args()
+    stop_on_signals()  # SIGTERM and SIGHUP stop the run's vLLM servers and stage processes too
     work = Path(args.work or ("learning-quick" if args.quick else "learning-run")).resolve()
     docs = Path(args.docs).resolve() if args.docs else (work / "docs" if args.quick else ROOT / "docs" / "learning")
     work.mkdir(parents=True, exist_ok=True)
@@ -116,6 +118,8 @@ def main() -> int:
     results["minutes_total"] = round((time.monotonic() - started) / 60, 1)
     write_docs(work, docs, results)
     print(f"learning: report {docs / 'report.md'} ({results['minutes_total']} min)")
+    if not args.quick and docs == ROOT / "docs" / "learning" and write_readme(ROOT / "README.md", docs, results):
+        print("learning: README.md's learning-run section rewritten from this run")
     if not args.quick:
         ship_adapters(work, model, results)
     return 0
@@ -229,8 +233,12 @@ def readme_rounds(work: Path, model: Path) -> dict[str, list[dict[str, Any]]]:
     import subprocess
 
     runs: dict[str, list[dict[str, Any]]] = {}
-    systems = {"untrained": ["--model", str(model)],
-               "trained": ["--policies", str(work / "adapters" / "policies.yaml")]}
+    policies = work / "adapters" / "policies.yaml"
+    version = yaml.safe_load(policies.read_text(encoding="utf-8"))["roles"]["director"].get("version")
+    cache = work / "readme-message.json"  # a rerun of a finished run reuses them
+    if cache.is_file() and json.loads(cache.read_text(encoding="utf-8")).get("version") == version:
+        return json.loads(cache.read_text(encoding="utf-8"))["runs"]
+    systems = {"untrained": ["--model", str(model)], "trained": ["--policies", str(policies)]}
     for name, flags in systems.items():
         for seed in README_SEEDS:
             result = subprocess.run([sys.executable, "-m", "mascot", "chat", "--roster", "emotional_support", *flags,
@@ -246,6 +254,7 @@ def readme_rounds(work: Path, model: Path) -> dict[str, list[dict[str, Any]]]:
                 "turns": [{"speaker": m["name"], "text": m["content"],
                            "action": (m.get("stage_direction") or {}).get("action"),
                            "tone": (m.get("stage_direction") or {}).get("tone")} for m in turns]})
+    cache.write_text(json.dumps({"version": version, "runs": runs}, indent=1) + "\n", encoding="utf-8")
     return runs
 
 
@@ -354,7 +363,8 @@ def analyse(work: Path, model: Path, *, timings: dict[str, float], quick: bool,
         "profiles_per_scenario": _profiles_per_scenario(episodes.get("trained", [])),
         "comparisons": comparisons, "targets": targets(comparisons),
         "redundancy_by_position": by_position, "speakers": speakers,
-        "sanity": _sanity(work), "reward_models": _reward_models(work), "training": _training(work),
+        "sanity": _sanity(work), "samples": _samples(work), "reward_models": _reward_models(work),
+        "training": _training(work),
         "stage_seconds": timings,
         "per_episode": per_episode,
     }
@@ -439,10 +449,20 @@ def _sanity(work: Path) -> dict[str, Any]:
         if path.is_file():
             report = json.loads(path.read_text(encoding="utf-8"))
             found[rubric] = {k: report.get(k) for k in ("judge", "right", "total", "accuracy", "p_value", "threshold",
-                                                        "passed", "by_kind", "failed_judgements", "seconds")}
+                                                        "passed", "by_kind", "failed_judgements", "seconds", "mode",
+                                                        "modes")}
             metric = report.get("metric_judge") or {}
             found[rubric]["metric_judge"] = {k: metric.get(k) for k in ("right", "total", "accuracy")} or None
     return found
+
+
+def _samples(work: Path) -> dict[str, Any]:
+    """The warm start's samples: per source and role, how many were drawn, how many passed
+    the checks and what the others failed on (``samples.jsonl``)."""
+    from mascot.training.data.warm_start_samples import sample_counts
+
+    path = work / "samples.jsonl"
+    return sample_counts(path) if path.is_file() else {}
 
 
 def _reward_models(work: Path) -> dict[str, Any]:
@@ -495,6 +515,94 @@ def write_docs(work: Path, docs: Path, results: dict[str, Any]) -> None:
     plots = _plots(results, docs)
     (docs / "results.json").write_text(json.dumps(results, indent=1) + "\n", encoding="utf-8")
     (docs / "report.md").write_text(_report(results, plots), encoding="utf-8")
+
+
+#: The README's section that ``write_readme`` fills from a run (between these lines).
+README_START, README_END = "<!-- learning-run: start -->", "<!-- learning-run: end -->"
+#: The rows of the README's table: metric -> label.
+README_ROWS = {"multi_voice_rounds": "rounds with 2+ voices, %", "voices_per_round": "voices per round",
+               "redundancy": "redundancy, rounds of 2+ voices (lower is better)",
+               "persona_identifiability": "persona identifiability", "refusal_rate": "replies refusing, %",
+               "action_refusals": "actions refusing, %", "copied_actions": "actions copying 6+ words, %",
+               "short_tones": "tones of at most 6 words, %", "first_offered": "first voice offered chosen, %",
+               "routing_accuracy": "routing set, right voice, %", "routing_misfits": "routing set, misfit, %",
+               "reply_words": "words per reply", "echo_rate": "replies echoing, %"}
+
+
+def write_readme(readme: Path, docs: Path, results: dict[str, Any]) -> bool:
+    """Fill the README's learning-run section (between ``README_START`` and ``README_END``)
+    from a run: the table trained vs untrained (and the other systems), the targets met and
+    missed, the plots, one held-out round of each ensemble verbatim. Returns whether the
+    README has the section."""
+    text = readme.read_text(encoding="utf-8")
+    if README_START not in text or README_END not in text:
+        return False
+    c, systems = results["comparisons"], [s for s in ("untrained", "sft", "trained", "round_robin")
+                                          if s in results["systems"]]
+    rel = Path(docs).relative_to(ROOT) if Path(docs).is_relative_to(ROOT) else Path(docs)
+
+    def f(value: Any) -> str:
+        return "-" if value is None else f"{value:.2f}" if isinstance(value, float) else str(value)
+
+    lines = [README_START, "",
+             f"Held-out, {results['episodes_per_system'].get('trained')} episodes of {results['max_rounds']} rounds per "
+             f"system over {len(results['heldout_scenarios'])} scenarios the training never saw; "
+             f"{results['machine']}, {results.get('minutes_total')} min for the whole run "
+             f"(`python bench/learning.py`; report: [{rel}/report.md]({rel}/report.md)).", "",
+             "| | " + " | ".join(systems) + " | trained - untrained, 95 % CI |", "|---|" + "---|" * (len(systems) + 1)]
+    for metric, label in README_ROWS.items():
+        row = c.get(metric)
+        if row is None:
+            continue
+        ci = row.get("diff_ci95") or [None, None]
+        interval = f"{f(row['diff'])} [{f(ci[0])}, {f(ci[1])}]" if row.get("diff") is not None else "-"
+        lines.append(f"| {label} | " + " | ".join(f(row.get(s)) for s in systems) + f" | {interval} |")
+    met = [n for n, t in results["targets"].items() if t["met"]]
+    missed = [n for n, t in results["targets"].items() if not t["met"]]
+    lines += ["", f"Targets met: {', '.join(met) or 'none'}. **Missed:** {', '.join(missed) or 'none'} "
+                  f"(figures in the report).", ""]
+    lines += [f"![{p}]({rel}/{p})" for p in ("reward_curves.png", "redundancy_by_position.png", "speakers.png")
+              if (Path(docs) / p).is_file()]
+    round_of = _first_round(docs, ("untrained", "trained"))
+    if round_of:
+        lines += ["", f"One held-out round of each, verbatim (episode `{round_of['id']}`, the same scenario, person "
+                      "and seed):", ""]
+        for system, turns in round_of["turns"].items():
+            lines += [f"**{system}**", "", "```text"]
+            lines += [line for turn in turns for line in turn.splitlines()] + ["```", ""]
+    lines.append(README_END)
+    start, end = text.index(README_START), text.index(README_END) + len(README_END)
+    readme.write_text(text[:start] + "\n".join(lines) + text[end:], encoding="utf-8")
+    return True
+
+
+def _first_round(docs: Path, systems: tuple[str, ...]) -> dict[str, Any] | None:
+    """The first round of the first held-out episode every system played: the person's
+    message, then each direction and voice, as ``mascot chat`` prints them."""
+    played = {}
+    for system in systems:
+        path = Path(docs) / "episodes" / f"{system}.jsonl"
+        if not path.is_file():
+            return None
+        played[system] = {e.id: e for e in read_episodes(path)}
+    common = sorted(set.intersection(*(set(v) for v in played.values())))
+    if not common:
+        return None
+    turns: dict[str, list[str]] = {}
+    for system in systems:
+        out, users = [], 0
+        for message in played[system][common[0]].messages:
+            if message.role == "user":
+                users += 1
+                if users > 1:
+                    break
+                out.append(f"person: {message.content}")
+            elif message.role == "assistant" and message.name:
+                d = message.stage_direction or {}
+                out.append(f"» {message.name}: {d.get('action', '')} (tone: {d.get('tone', '')})")
+                out.append(f"[{message.name}] {message.content}")
+        turns[system] = out
+    return {"id": common[0], "turns": turns}
 
 
 def _plots(results: dict[str, Any], docs: Path) -> list[str]:
@@ -613,8 +721,20 @@ def _report(results: dict[str, Any], plots: list[str]) -> str:
                      f"{report['failed_judgements']} judgements failed); the metric judge {metric.get('right')}/"
                      f"{metric.get('total')}. Labels of this rubric: "
                      f"{'the LLM judge (trusted: at least 75 % with p < 0.01)' if report['passed'] else 'the metric judge alone (the LLM judge is not trusted)'}.")
+        for mode, tally in (report.get("modes") or {}).items():
+            lines.append(f"  - {mode} mode: {tally['right']}/{tally['total']} ({f(tally['accuracy'])}, p = "
+                         f"{tally['p_value']:.2g}; {tally['failed_judgements']} failed; {f(tally['seconds'])} s)"
+                         f"{' - passed the gate' if tally['passed'] else ''}"
+                         f"{' - labels' if mode == report.get('mode') and report['passed'] else ''}")
     for name, info in results["reward_models"].items():
         lines.append(f"- {name}: {json.dumps(info)}")
+    if results.get("samples"):
+        lines += ["", "## The warm start's samples", "",
+                  "| source/role | sampled | passed the checks | left out (fault: count) |", "|---|---|---|---|"]
+        for key, row in sorted(results["samples"].items()):
+            faults = ", ".join(f"{k} {v}" for k, v in sorted(row.items(), key=lambda kv: -kv[1])
+                               if k not in ("sampled", "passed")) or "-"
+            lines.append(f"| {key} | {row['sampled']} | {row['passed']} | {faults} |")
     lines += ["", "## Training", "", "| run | method | rows | steps | starts from | curve first -> last quarter | seconds |",
               "|---|---|---|---|---|---|---|"]
     for run, entry in results["training"].items():
@@ -634,4 +754,8 @@ def _report(results: dict[str, Any], plots: list[str]) -> str:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    try:
+        sys.exit(main())
+    except KeyboardInterrupt as stopped:
+        print(f"learning: interrupted ({stopped or 'Ctrl-C'}); a rerun resumes where this one stopped", file=sys.stderr)
+        sys.exit(130)
