@@ -14,6 +14,8 @@ ANCHOR = ("That sounds really painful, and it makes sense that you feel discoura
 @pytest.mark.parametrize(("text", "fault"), [
     ("I'm sorry, but I can't assist with that.", "refusal"),  # what the trained speakers wrote
     ("I'm sorry, but I can't assist with that request.", "refusal"),
+    ("I apologize, but I can't assist with that.", "refusal"),  # a trained speaker's
+    ("I\u2019m sorry, but I can\u2019t help with that.", "refusal"),  # curly apostrophes
     ("Sorry, I cannot help with this.", "refusal"),
     ("I am unable to provide that kind of advice.", "refusal"),
     ("Unfortunately, I'm not able to engage in this conversation.", "refusal"),

@@ -29,6 +29,7 @@ FAULTS = ("refusal", "boilerplate", "as_person", "copies_voice", "copies_person"
 
 _REFUSAL = re.compile(
     r"^\W*(?:(?:i'?m|i am)\s+(?:really\s+|so\s+|very\s+)?sorry[,.!]?\s*(?:but\s*)?|sorry[,.!]?\s*(?:but\s*)?|"
+    r"i\s+(?:do\s+)?apologi[sz]e[,.!]?\s*(?:but\s*)?|"
     r"unfortunately[,]?\s*)?"
     r"(?:i|we)\s*(?:can(?:no|')?t|cannot|am\s+unable\s+to|'m\s+unable\s+to|am\s+not\s+able\s+to|'m\s+not\s+able\s+to|"
     r"won'?t\s+be\s+able\s+to|will\s+not\s+be\s+able\s+to|must\s+decline\s+to)\s+"
@@ -91,7 +92,7 @@ def reply_fault(text: str, *, person: str = "", voices: Sequence[str] = ()) -> s
         One of ``FAULTS``, or ``None``. An empty reply is not a fault here (every scorer
         already gives it its lowest value).
     """
-    text = text.strip()
+    text = text.strip().replace("\u2019", "'")  # "I’m sorry, but I can’t" as typed
     if not text:
         return None
     refusal = _REFUSAL.search(text)
