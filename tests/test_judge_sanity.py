@@ -244,3 +244,17 @@ def test_a_judge_is_trusted_only_beyond_chance() -> None:
     assert binomial_p(24, 32) == pytest.approx(0.0035, abs=1e-4) and trusted(24, 32)  # 75 % of 32
     assert not trusted(23, 32)  # 72 %: under the accuracy bar
     assert not trusted(9, 10)  # 90 % of 10: p = 0.011, a coin could
+
+
+def test_several_modes_on_a_server_each_get_a_client_of_their_own_loop(tmp_path: Path,
+                                                                         capsys: pytest.CaptureFixture[str]) -> None:
+    # each mode runs in its own event loop: a client kept from the first one failed the
+    # second with "Event loop is closed"
+    report_file = tmp_path / "sanity.json"
+    with start_stub_server() as server:
+        code = main(["judge", "--sanity", "--rubric", "persona", "--roster", "workplace_meeting", "--base-url",
+                     server.url, "--model", "stub-judge", "--modes", "absolute,ranking", "--out", str(report_file)])
+    captured = capsys.readouterr()
+    assert code == 0, captured.err
+    report = read_sanity_report(report_file)
+    assert set(report.modes) == {"absolute", "ranking"} and report.modes["absolute"].total == report.total

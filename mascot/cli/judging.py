@@ -202,11 +202,11 @@ def _judge_sanity(args: argparse.Namespace) -> int:
     from mascot.training.judging.judge import Judge
     from mascot.training.judging.judge_sanity import (
         SanityError,
+        arun_relative_sanity,
+        arun_sanity,
         choose_mode,
         load_sanity_set,
         metric_sanity,
-        run_relative_sanity,
-        run_sanity,
     )
     from mascot.training.judging.relative import RelativeJudge
     from mascot.training.judging.judgement import JudgementCache
@@ -237,17 +237,22 @@ def _judge_sanity(args: argparse.Namespace) -> int:
     with JudgementCache(cache_file) if cache_file else contextlib.nullcontext() as cache, progress:
         judge = Judge(rubric, policies.chat_model("judge"), model_name=model_name, structured_output=True,
                       max_attempts=args.attempts, fault_tries=args.retries + 1, cache=cache)
-        for mode in modes:
-            if mode == "absolute":
-                task = progress.add_task("judging", total=len(sanity_set.targets()))
-                reports.append(run_sanity(judge, sanity_set, concurrency=args.concurrency,
-                                          on_judgement=lambda judgement, task=task: progress.update(task, advance=1)))
-            else:
-                task = progress.add_task(mode, total=2 * len(sanity_set.pairs))
-                relative = RelativeJudge(judge, policies.chat_model("judge"), mode, structured_output=True)
-                reports.append(run_relative_sanity(relative, sanity_set, concurrency=args.concurrency,
-                                                   on_judgement=lambda judgement, task=task: progress.update(
-                                                       task, advance=1)))
+
+        async def measure() -> None:  # one event loop for every mode: a server's client lives in it
+            for mode in modes:
+                if mode == "absolute":
+                    task = progress.add_task("judging", total=len(sanity_set.targets()))
+                    reports.append(await arun_sanity(judge, sanity_set, concurrency=args.concurrency,
+                                                     on_judgement=lambda judgement, task=task: progress.update(
+                                                         task, advance=1)))
+                else:
+                    task = progress.add_task(mode, total=2 * len(sanity_set.pairs))
+                    relative = RelativeJudge(judge, policies.chat_model("judge"), mode, structured_output=True)
+                    reports.append(await arun_relative_sanity(relative, sanity_set, concurrency=args.concurrency,
+                                                              on_judgement=lambda judgement, task=task: progress.update(
+                                                                  task, advance=1)))
+
+        asyncio.run(measure())
     report = choose_mode(reports) if len(reports) > 1 else reports[0]
     report = report.model_copy(update={"metric_judge": metric_sanity(sanity_set, roster)})
     if report_file:

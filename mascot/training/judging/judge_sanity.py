@@ -411,6 +411,17 @@ def run_sanity(
     concurrency: int = 8,
     on_judgement: Callable[[Judgement], None] | None = None,
 ) -> SanityReport:
+    """``arun_sanity`` in an event loop of its own."""
+    return asyncio.run(arun_sanity(judge, sanity_set, concurrency=concurrency, on_judgement=on_judgement))
+
+
+async def arun_sanity(
+    judge: Judge,
+    sanity_set: SanitySet,
+    *,
+    concurrency: int = 8,
+    on_judgement: Callable[[Judgement], None] | None = None,
+) -> SanityReport:
     """Judge both sides of every pair (each distinct target once) and score the judge.
 
     Args:
@@ -432,7 +443,7 @@ def run_sanity(
                          f"this sanity set holds {sanity_set.target} pairs")
     targets = sanity_set.targets()
     start = time.perf_counter()
-    judged = asyncio.run(judge.ajudge_many(targets, concurrency=concurrency, on_judgement=on_judgement))
+    judged = await judge.ajudge_many(targets, concurrency=concurrency, on_judgement=on_judgement)
     seconds = time.perf_counter() - start
     by_key = {t.model_dump_json(): _side(j) for t, j in zip(targets, judged, strict=True)}
     sides = [(by_key[p.better.model_dump_json()], by_key[p.worse.model_dump_json()]) for p in sanity_set.pairs]
@@ -442,6 +453,17 @@ def run_sanity(
 
 
 def run_relative_sanity(
+    judge: RelativeJudge,
+    sanity_set: SanitySet,
+    *,
+    concurrency: int = 8,
+    on_judgement: Callable[[Judgement], None] | None = None,
+) -> SanityReport:
+    """``arun_relative_sanity`` in an event loop of its own."""
+    return asyncio.run(arun_relative_sanity(judge, sanity_set, concurrency=concurrency, on_judgement=on_judgement))
+
+
+async def arun_relative_sanity(
     judge: RelativeJudge,
     sanity_set: SanitySet,
     *,
@@ -458,8 +480,8 @@ def run_relative_sanity(
         raise ValueError(f"rubric '{judge.judge.rubric.id}' judges a {judge.judge.rubric.target}; "
                          f"this sanity set holds {sanity_set.target} pairs")
     start = time.perf_counter()
-    judged = asyncio.run(judge.ajudge_groups([[p.better, p.worse] for p in sanity_set.pairs],
-                                             concurrency=concurrency, on_judgement=on_judgement))
+    judged = await judge.ajudge_groups([[p.better, p.worse] for p in sanity_set.pairs],
+                                       concurrency=concurrency, on_judgement=on_judgement)
     seconds = time.perf_counter() - start
     sides = [(_side(better), _side(worse)) for better, worse in judged]
     report = _report(sanity_set, sides, judge=judge.judge.model_name, rubric=judge.judge.rubric.id,
