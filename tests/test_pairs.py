@@ -146,3 +146,18 @@ def test_read_pairs_names_the_bad_line(tmp_path: Path) -> None:
         read_pairs(path)
     with pytest.raises(PairsError, match="no pairs file"):
         read_pairs(tmp_path / "missing.jsonl")
+
+
+def test_a_relative_judges_order_makes_pairs_without_a_margin() -> None:
+    # pairwise scores sit near 50 (100 x the chance of winning, both orders averaged): an order,
+    # which the sanity gate scored as right whenever the better side was higher
+    def relative(context: str, reply: str, overall: float, mode: str | None = "pairwise") -> JudgedCandidate:
+        c = candidate(context, reply, overall)
+        return c.model_copy(update={"judgement": {**c.judgement, **({"mode": mode} if mode else {})}})
+
+    pairs = build_pairs([relative("c1", "a", 51.5), relative("c1", "b", 48.5), relative("c2", "c", 50.0),
+                         relative("c2", "d", 50.0), relative("c3", "e", 53.0, None), relative("c3", "f", 47.0, None)],
+                        test_fraction=0.0)
+    kept = [(p["chosen"][0]["content"], p["rejected"][0]["content"]) for p in pairs.train]
+    assert kept == [("a", "b")]  # the tie and the absolute 6-point gap (under 12.5) make none
+    assert pairs.report.dropped_by_margin == 2

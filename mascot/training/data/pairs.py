@@ -143,6 +143,10 @@ class PairSet:
     report: PairsReport
 
 
+#: Judging modes whose scores order a context's candidates rather than score each on its own.
+RELATIVE_MODES = ("ranking", "pairwise")
+
+
 def build_pairs(
     candidates: Iterable[JudgedCandidate],
     *,
@@ -153,7 +157,9 @@ def build_pairs(
     """Pair judged candidate replies of the same context into preference pairs.
 
     Within each context every two candidates whose overall scores differ by at least
-    ``min_margin`` judge units make one pair (the higher score is ``chosen``). A context
+    ``min_margin`` judge units make one pair (the higher score is ``chosen``); candidates
+    judged together by a relative judge (``judgement["mode"]`` ranking or pairwise) make one
+    whenever one scores higher, since their scores are an order (the sanity gate scores it so). A context
     goes to the test split when a hash of ``(seed, context_id)`` falls below
     ``test_fraction``, so the split is the same on every run and a context never lands in
     both splits, whatever other contexts the data holds.
@@ -193,7 +199,10 @@ def build_pairs(
         judged.sort(key=lambda c: -c.overall)  # type: ignore[operator]  # stable: ties keep input order
         pairs = []
         for better, worse in combinations(judged, 2):
-            if better.overall - worse.overall < min_points:  # type: ignore[operator]
+            # a relative judge (ranking, pairwise) gives an order, and its sanity gate scored
+            # that order (any higher score right): its pairs need a strict order, not a margin
+            relative = all(c.judgement.get("mode") in RELATIVE_MODES for c in (better, worse))
+            if better.overall - worse.overall < (_EPSILON if relative else min_points):  # type: ignore[operator]
                 dropped_margin += 1
             elif better.reply == worse.reply:
                 dropped_identical += 1
