@@ -519,6 +519,8 @@ def write_docs(work: Path, docs: Path, results: dict[str, Any]) -> None:
 
 #: The README's section that ``write_readme`` fills from a run (between these lines).
 README_START, README_END = "<!-- learning-run: start -->", "<!-- learning-run: end -->"
+#: The README's first command's output: the trained ensemble on the README message (seed 0).
+MESSAGE_START, MESSAGE_END = "<!-- readme-message: start -->", "<!-- readme-message: end -->"
 #: The rows of the README's table: metric -> label.
 README_ROWS = {"multi_voice_rounds": "rounds with 2+ voices, %", "voices_per_round": "voices per round",
                "redundancy": "redundancy, rounds of 2+ voices (lower is better)",
@@ -572,7 +574,16 @@ def write_readme(readme: Path, docs: Path, results: dict[str, Any]) -> bool:
             lines += [line for turn in turns for line in turn.splitlines()] + ["```", ""]
     lines.append(README_END)
     start, end = text.index(README_START), text.index(README_END) + len(README_END)
-    readme.write_text(text[:start] + "\n".join(lines) + text[end:], encoding="utf-8")
+    text = text[:start] + "\n".join(lines) + text[end:]
+    played = (results.get("readme_message") or {}).get("trained") or []
+    if played and MESSAGE_START in text and MESSAGE_END in text:  # the first command's output
+        shown = [MESSAGE_START, "```text"]
+        for turn in played[0]["turns"]:
+            shown += [f"» {turn['speaker']}: {turn['action']} (tone: {turn['tone']})", f"[{turn['speaker']}] {turn['text']}"]
+        shown += ["```", MESSAGE_END]
+        start, end = text.index(MESSAGE_START), text.index(MESSAGE_END) + len(MESSAGE_END)
+        text = text[:start] + "\n".join(shown) + text[end:]
+    readme.write_text(text, encoding="utf-8")
     return True
 
 
