@@ -197,10 +197,10 @@ def machine() -> str:
             f"{memory:.0f} GiB")
 
 
-#: Seconds per unit of each stage on a 2-core CPU with native bf16 (measured in this run's
-#: stages: bench/learning.py's report lists them), for the estimate printed before a run.
-_COST = {"engine": 240, "rollout": 9.0, "blocks": 6.0, "candidates": 2.5, "samples": 1.2, "judge": 6.0,
-         "sanity": 150, "rm": 150, "sft_row": 4.0, "speaker_step": 60, "director_step": 50, "eval_episode": 5.0}
+#: Seconds per unit of each stage on a 2-core CPU with native bf16, measured in the committed
+#: run (docs/learning/report.md lists its stage times), for the estimate printed before a run.
+_COST = {"engine": 40, "rollout": 22.0, "blocks": 11.0, "candidates": 1.4, "samples": 1.6, "judge": 2.7,
+         "sanity": 180, "rm": 135, "sft_row": 5.3, "speaker_step": 75, "director_step": 95, "eval_episode": 20.0}
 
 
 def estimate(recipe_file: Path) -> float:
@@ -216,7 +216,7 @@ def estimate(recipe_file: Path) -> float:
         else 2 * recipe["rollout"]["episodes"]
     blocks = recipe["group-blocks"]["g"] * recipe["group-blocks"].get("max_points", 12)
     systems = 2 + len(recipe["eval"].get("baselines", [])) + (2 if recipe["eval"].get("ablations") else 0)
-    seconds = (_COST["engine"] * 4 + _COST["rollout"] * recipe["rollout"]["episodes"] + _COST["blocks"] * blocks
+    seconds = (_COST["engine"] * 5 + _COST["rollout"] * recipe["rollout"]["episodes"] + _COST["blocks"] * blocks
                + _COST["candidates"] * contexts * 2 + _COST["samples"] * sampled
                + _COST["judge"] * (blocks + contexts * 2)
                + _COST["sanity"] * 2 * len(recipe["judge"].get("modes", ["absolute"])) + _COST["rm"] * 2

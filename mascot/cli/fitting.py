@@ -83,8 +83,9 @@ def add_commands(commands: argparse._SubParsersAction) -> None:
                           help="what plays the blocks' speakers and user: in process (local), or vLLM servers "
                                "started for the command (or the pipeline's); the Director trains in process")
     _add_common(director, "DirectorTrainingConfig", "GRPOConfig")
-    # on vLLM the directions are sampled on the server: this process only trains
-    director.set_defaults(run=_train_director, allocator=lambda args: "train" if args.engine == "vllm" else "generate")
+    # freed pages given back after 10 s even when the server samples: a Director GRPO trainer
+    # that kept them all grew to 18 GiB in 7 steps of the 0.5B model and was killed (2 cores, 24 GiB)
+    director.set_defaults(run=_train_director, allocator="generate")
 
 
 def _add_common(parser: argparse.ArgumentParser, ours: str, trainer: str) -> None:

@@ -6,13 +6,14 @@ activations and gradients. glibc's ``malloc`` hands large blocks back to the sys
 arithmetic (``bench/step_cost.py`` measures it side by side). jemalloc is preloaded instead,
 set by what the process does (``MODES``):
 
-- ``train``: a trainer that only runs forward and backward passes (SFT, DPO, reward models,
-  GRPO whose sampling runs on a vLLM server): its steps repeat the same allocations, so no
-  freed page is ever given back;
-- ``generate``: a trainer that also samples in its own process (GRPO on the local engine):
-  the growing KV caches of generation fragment the heap, and a heap that never gives memory
-  back grew past 23 GiB in three Director steps of the 0.5B model; freed pages are given
-  back after 10 s by jemalloc's background thread;
+- ``train``: a trainer that only runs forward and backward passes (SFT, DPO, reward models):
+  its steps repeat the same allocations, so no freed page is ever given back;
+- ``generate``: a GRPO trainer. One that samples in its own process fragments the heap with
+  the growing KV caches of generation: a heap that never gives memory back grew past 23 GiB
+  in three Director steps of the 0.5B model. One whose directions are sampled on a vLLM
+  server still grew to 18 GiB in seven steps (prompts of every length, a warm-started
+  adapter) and was killed on a 24 GiB machine. Freed pages are given back after 10 s by
+  jemalloc's background thread;
 - ``serve``: a vLLM server, jemalloc with its own defaults (as vLLM's CPU docs recommend).
 
 The setting has to be in a process's environment when it starts (``LD_PRELOAD``), so a
