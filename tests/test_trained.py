@@ -44,3 +44,12 @@ def test_a_run_ships_and_the_model_folder_gets_a_policies_file_that_plays_it(tmp
     with pytest.raises(TrainedError, match="no adapter_model.safetensors"):
         ship(tmp_path / "run" / "adapters", "some-model", run, into=tmp_path / "again")
 
+
+def test_the_package_ships_the_learning_runs_adapters_for_the_default_offline_model() -> None:
+    run = shipped_run(DEFAULT_OFFLINE_MODEL)
+    assert run is not None, "bench/learning.py ships them into mascot/trained"
+    roster = load_roster(run["roster"])
+    assert set(run["personas"]) == set(roster.persona_ids) and run["director_steps"] >= 30
+    pyproject = (Path(__file__).parents[1] / "pyproject.toml").read_text()
+    assert '"mascot.trained" = [' in pyproject and "adapter_model.safetensors" in pyproject
+
