@@ -97,7 +97,7 @@ def main() -> int:
     recipe = write_run(work, model, quick=args.quick, judge=judge)
     print(f"learning: estimate {estimate(recipe):.0f} min on a 2-core CPU with native bf16 (about twice that "
           f"without); a rerun resumes where this one stopped", file=sys.stderr, flush=True)
-    timings: dict[str, float] = {}
+    timings = StageClock(work / "stage-seconds.json")  # kept across resumed invocations
     clock = {"stage": "", "t": time.monotonic()}
 
     def on_stage(name: str, state: str) -> None:
@@ -109,13 +109,15 @@ def main() -> int:
 
     run_pipeline(recipe, on_stage=on_stage)
     clock.update(t=time.monotonic())
-    readme = readme_rounds(work, model)
-    timings["readme-message"] = round(time.monotonic() - clock["t"], 1)
-    results = analyse(work, model, timings=timings, quick=args.quick, judge=judge)
+    readme, played = readme_rounds(work, model)
+    if played:
+        timings["readme-message"] = round(time.monotonic() - clock["t"], 1)
+    results = analyse(work, model, timings=dict(timings), quick=args.quick, judge=judge)
     results["readme_message"] = readme
     results["targets"].update(readme_targets(readme))
     results["machine"] = machine()
-    results["minutes_total"] = round((time.monotonic() - started) / 60, 1)
+    # the run's own time: every stage's seconds, summed over the invocations that ran them
+    results["minutes_total"] = round(sum(timings.values()) / 60, 1)
     write_docs(work, docs, results)
     print(f"learning: report {docs / 'report.md'} ({results['minutes_total']} min)")
     if not args.quick and docs == ROOT / "docs" / "learning" and write_readme(ROOT / "README.md", docs, results):
@@ -227,9 +229,23 @@ def estimate(recipe_file: Path) -> float:
     return seconds / 60
 
 
-def readme_rounds(work: Path, model: Path) -> dict[str, list[dict[str, Any]]]:
+class StageClock(dict):
+    """Seconds per stage, saved to ``path`` on every entry: a resumed run skips the stages an
+    earlier invocation finished, and keeps their time."""
+
+    def __init__(self, path: Path) -> None:
+        super().__init__(json.loads(path.read_text(encoding="utf-8")) if path.is_file() else {})
+        self.path = path
+
+    def __setitem__(self, stage: str, seconds: float) -> None:
+        super().__setitem__(stage, seconds)
+        self.path.write_text(json.dumps(dict(self), indent=1) + "\n", encoding="utf-8")
+
+
+def readme_rounds(work: Path, model: Path) -> tuple[dict[str, list[dict[str, Any]]], bool]:
     """The README's first message played once per seed through the untrained and the trained
-    ensemble (``mascot chat --json``, the local engine): who spoke and what they said."""
+    ensemble (``mascot chat --json``, the local engine): who spoke and what they said, and
+    whether they were played now (False: read back from an earlier invocation)."""
     import subprocess
 
     runs: dict[str, list[dict[str, Any]]] = {}
@@ -237,7 +253,7 @@ def readme_rounds(work: Path, model: Path) -> dict[str, list[dict[str, Any]]]:
     version = yaml.safe_load(policies.read_text(encoding="utf-8"))["roles"]["director"].get("version")
     cache = work / "readme-message.json"  # a rerun of a finished run reuses them
     if cache.is_file() and json.loads(cache.read_text(encoding="utf-8")).get("version") == version:
-        return json.loads(cache.read_text(encoding="utf-8"))["runs"]
+        return json.loads(cache.read_text(encoding="utf-8"))["runs"], False
     systems = {"untrained": ["--model", str(model)], "trained": ["--policies", str(policies)]}
     for name, flags in systems.items():
         for seed in README_SEEDS:
@@ -255,7 +271,7 @@ def readme_rounds(work: Path, model: Path) -> dict[str, list[dict[str, Any]]]:
                            "action": (m.get("stage_direction") or {}).get("action"),
                            "tone": (m.get("stage_direction") or {}).get("tone")} for m in turns]})
     cache.write_text(json.dumps({"version": version, "runs": runs}, indent=1) + "\n", encoding="utf-8")
-    return runs
+    return runs, True
 
 
 def readme_targets(runs: dict[str, list[dict[str, Any]]]) -> dict[str, dict[str, Any]]:
@@ -759,7 +775,8 @@ def _report(results: dict[str, Any], plots: list[str]) -> str:
     lines += ["", "## Plots", ""] + [f"![{p}]({p})" for p in plots]
     lines += ["", "## Time per stage (seconds)", "", "| stage | seconds |", "|---|---|"]
     lines += [f"| {k} | {v:.0f} |" for k, v in results["stage_seconds"].items()]
-    lines += ["", f"Whole run: {results.get('minutes_total', '-')} min. Raw held-out episodes: `episodes/`; "
+    lines += ["", f"Whole run: {results.get('minutes_total', '-')} min (the stages' seconds, summed over resumed "
+              "invocations; each invocation also starts its vLLM servers, 30-50 s each). Raw held-out episodes: `episodes/`; "
               "every number: `results.json` (per-episode values under `per_episode`).", ""]
     return "\n".join(lines)
 

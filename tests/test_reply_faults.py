@@ -23,6 +23,8 @@ ANCHOR = ("That sounds really painful, and it makes sense that you feel discoura
     ("As an AI language model, I don't have feelings, but failing is normal.", "boilerplate"),
     ("Failing is normal. How can I assist you today?", "boilerplate"),
     ("You will pass next time. Is there anything else I can help you with?", "boilerplate"),
+    ("Of course! Let me know if there's anything else I can help you with.", "boilerplate"),
+    ("What's happening to you right now? How can I assist you better today?", "boilerplate"),
     ("I'm just an AI, but I think you did your best.", "boilerplate"),
     ("User: I failed again and I hate it.", "as_person"),
     ("Me: I feel like an idiot.", "as_person"),

@@ -6,6 +6,7 @@ import json
 from pathlib import Path
 
 import pytest
+import yaml
 
 from mascot.offline_model import DEFAULT_OFFLINE_MODEL
 from mascot.policies.spec import load_policy_specs
@@ -49,7 +50,31 @@ def test_the_package_ships_the_learning_runs_adapters_for_the_default_offline_mo
     run = shipped_run(DEFAULT_OFFLINE_MODEL)
     assert run is not None, "bench/learning.py ships them into mascot/trained"
     roster = load_roster(run["roster"])
-    assert set(run["personas"]) == set(roster.persona_ids) and run["director_steps"] >= 30
+    recipe = yaml.safe_load((Path(__file__).parents[1] / "bench" / "learning" / "director.yaml").read_text())
+    assert set(run["personas"]) == set(roster.persona_ids)
+    assert run["director_steps"] == recipe["max_steps"], "the shipped Director is the one bench/learning trains"
     pyproject = (Path(__file__).parents[1] / "pyproject.toml").read_text()
     assert '"mascot.trained" = [' in pyproject and "adapter_model.safetensors" in pyproject
 
+@pytest.mark.real_model
+def test_the_shipped_ensemble_plays_a_round_on_the_offline_model(offline_model: Path, tmp_path: Path,
+                                                                   capsys: pytest.CaptureFixture[str]) -> None:
+    from mascot.cli import main
+
+    folder = tmp_path / "model"
+    folder.mkdir()
+    for name in offline_model.iterdir():  # the model's files, beside which the adapters are written
+        (folder / name.name).symlink_to(name)
+    policies = write_trained_policies(folder, DEFAULT_OFFLINE_MODEL)
+    assert policies is not None
+    code = main(["chat", "--roster", "emotional_support", "--policies", str(policies), "--message",
+                 "I failed my driving test again and I feel like an idiot", "--max-rounds", "1", "--seed", "0",
+                 "--json"])
+    captured = capsys.readouterr()
+    assert code == 0, captured.err[-2000:]
+    episode = json.loads(captured.out)
+    played = episode["policies"]
+    assert "+ director" in played["director"] and "+ speakers" in played["anchor"]  # the shipped adapters played
+    replies = [m for m in episode["messages"] if m["role"] == "assistant" and m.get("name")]
+    assert replies and all(m["content"].strip() for m in replies)
+    assert not [d for d in episode["directions"] if d.get("fallback") and "limit" not in str(d.get("rationale"))]

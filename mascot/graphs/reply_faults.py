@@ -8,7 +8,7 @@ the lowest value and count it:
 
 - ``refusal``: declines to answer ("I can't help with that", "I'm unable to provide ...").
 - ``boilerplate``: assistant talk instead of a voice ("As an AI language model", "How can
-  I assist you today?", "Is there anything else I can help you with?").
+  I assist you better today?", "Let me know if there's anything else I can help you with.").
 - ``as_person``: speaks as the person: a person's label first ("User: ...", "Me: ..."), or
   the person's own message said back (``reply.echoes``).
 - ``copies_voice``: the same reply as an earlier voice of the round, said back, or with a
@@ -42,8 +42,8 @@ _REFUSAL = re.compile(
 _BOILERPLATE = re.compile(
     r"\bas an? (?:AI|language model|(?:helpful )?(?:AI )?assistant)\b"
     r"|\bI(?:'m| am) (?:just )?an? (?:AI|language model|(?:virtual |AI )?assistant)\b"
-    r"|\bhow (?:can|may) I assist you(?: today)?\s*\?"
-    r"|\bis there anything else I can (?:help|assist) you with\b",
+    r"|\bhow (?:can|may) I assist you\b"
+    r"|\banything else I (?:can|could|may) (?:help|assist) you with\b",
     re.IGNORECASE,
 )
 #: Words a copy must share with the voice before, as a share of the copy's own words.
