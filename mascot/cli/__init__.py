@@ -10,6 +10,7 @@
 - ``serve``: serve
 - ``pipeline``: pipeline, demo
 - ``offline_model``: offline-model
+- ``offline_encoder``: offline-encoder
 - ``tiny_model``: tiny-model
 - ``options``: flags and console output shared by the commands
 """

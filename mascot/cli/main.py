@@ -16,6 +16,7 @@ from mascot.cli import (
     evaluation,
     fitting,
     judging,
+    offline_encoder,
     offline_model,
     pipeline,
     rosters,
@@ -37,6 +38,7 @@ _USER_ERRORS = (
     ("mascot.training.judging.rubric", "RubricError"),
     ("mascot.training.data.pairs", "PairsError"),
     ("mascot.offline_model", "OfflineModelError"),
+    ("mascot.offline_encoder", "OfflineEncoderError"),
     ("mascot.policies.vllm_engine", "VllmError"),
 )
 
@@ -141,6 +143,7 @@ def _parser() -> argparse.ArgumentParser:
     evaluation.add_show_command(commands)
     pipeline.add_commands(commands)
     offline_model.add_commands(commands)
+    offline_encoder.add_commands(commands)
     tiny_model.add_commands(commands)
     return parser
 

