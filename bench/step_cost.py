@@ -67,6 +67,9 @@ def main() -> int:
     parser.add_argument("--worker", nargs=2, metavar=("METHOD", "SHARE"), help=argparse.SUPPRESS)
     parser.add_argument("--server", metavar="URL", help=argparse.SUPPRESS)
     args = parser.parse_args()
+    from mascot.cli.main import stop_on_signals
+
+    stop_on_signals()  # SIGTERM and SIGHUP stop its vLLM server and worker too, as Ctrl-C does
     if args.worker:
         print(json.dumps(worker(args.model, args.worker[0], float(args.worker[1]), args.steps, args.server)))
         return 0
@@ -293,4 +296,8 @@ def _cpu_name() -> str:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    try:
+        sys.exit(main())
+    except KeyboardInterrupt as stopped:
+        print(f"step_cost: interrupted ({stopped or 'Ctrl-C'})", file=sys.stderr)
+        sys.exit(130)

@@ -12,9 +12,13 @@ from mascot.rosters import Roster, list_rosters, load_roster, load_scenarios, ro
 from mascot.rosters.reference import schema_reference, with_reference
 from mascot.rosters.scaffold import scaffold_roster
 
+#: The encoders ``rosters safety-heads`` fits for by default (those installed or built).
+HEAD_ENCODERS = "lexical,minilm,mpnet"
+
 
 def add_commands(commands: argparse._SubParsersAction) -> None:
-    """Add ``rosters``, ``rosters show``, ``rosters check``, ``rosters new`` and ``rosters schema``."""
+    """Add ``rosters``, ``rosters show``, ``rosters check``, ``rosters new``, ``rosters safety-heads``
+    and ``rosters schema``."""
     rosters = commands.add_parser("rosters", help="list, show, check or start persona rosters")
     rosters.set_defaults(run=_rosters_list)
     roster_commands = rosters.add_subparsers(metavar="ACTION")
@@ -34,6 +38,16 @@ def add_commands(commands: argparse._SubParsersAction) -> None:
     new.add_argument("roster_id", metavar="ID", help="the new roster's id, e.g. study_group")
     new.add_argument("--out", required=True, metavar="DIR", help="folder to create (new or empty)")
     new.set_defaults(run=_rosters_new)
+    heads = roster_commands.add_parser(
+        "safety-heads", help="fit the shipped rosters' safety classifiers and write them into the package, with "
+                             "their figures on the held-out sets (apps load them instead of fitting)")
+    heads.add_argument("--encoder", default=HEAD_ENCODERS, metavar="NAMES",
+                       help="comma-separated encoders to fit for (default: each of lexical, minilm, mpnet that is "
+                            "installed or built)")
+    heads.add_argument("--check", action="store_true",
+                       help="refit and compare with the shipped files instead of writing them (exit 2 on a "
+                            "difference)")
+    heads.set_defaults(run=_rosters_safety_heads)
     schema = roster_commands.add_parser("schema", help="print the roster schema reference (Markdown)")
     schema.add_argument("--write", metavar="FILE",
                         help="replace the reference between the roster-schema markers in FILE (the README)")
@@ -92,6 +106,45 @@ def _check_safety(roster: Roster, labelled: Path) -> None:
         out.print(f"  missed: {text}", markup=False)
     for text in report.false_alarms:
         out.print(f"  false alarm: {text}", markup=False)
+
+
+def _rosters_safety_heads(args: argparse.Namespace) -> int:
+    import numpy as np
+
+    from mascot.embeddings import embedder_by_name
+    from mascot.graphs.safety import SafetyDetector
+    from mascot.graphs.safety_heads import load_head
+    from mascot.training.evaluation.safety import ship_heads
+
+    names = [n.strip() for n in args.encoder.split(",") if n.strip()]
+    encoders = []
+    for name in names:
+        try:
+            encoders.append(embedder_by_name(name))
+        except ValueError as exc:
+            if args.encoder != HEAD_ENCODERS:
+                raise UsageError(f"--encoder: {exc}") from None
+            err.print(f"mascot: {name} skipped: {exc}", markup=False)
+    different = 0
+    for roster in (r for r in map(load_roster, list_rosters()) if r.safety):
+        for embedder in encoders:
+            if args.check:
+                detector = SafetyDetector(roster.safety, embedder=embedder)
+                shipped = load_head(detector.key())
+                fitted = detector.fit()
+                same = shipped is not None and shipped.source == "shipped" and all(
+                    np.allclose(a, b, atol=1e-3) for a, b in ((shipped.weights, fitted.weights),
+                                                              (shipped.bias, fitted.bias),
+                                                              (shipped.triggers, fitted.triggers)))
+                different += not same
+                verdict = ("the shipped classifier is the fit" if same else
+                           "no shipped classifier is this fit: run mascot rosters safety-heads")
+                out.print(f"{roster.id} {embedder.name}: {verdict}", markup=False)
+            else:
+                entry = ship_heads(roster, embedder)
+                out.print(f"{roster.id} {embedder.name}: wrote {entry['file']} (held out: {entry['measured']})",
+                          markup=False)
+    return 2 if different else 0
 
 
 def _rosters_new(args: argparse.Namespace) -> int:

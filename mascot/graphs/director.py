@@ -110,7 +110,7 @@ def create_director_graph(
         record, update = state.get("guard"), {}
         messages = state.get("messages", [])
         if guard is not None and state.get("round_turns", 0) == 0 and messages and messages[-1].type == "human":
-            record = guard.check(messages)
+            record = guard.check(messages, state.get("guards") or [], state.get("round", 0))
             update = {"guard": record, **({"guards": [{**record, "round": state.get("round", 0)}]} if record else {})}
         if not record:
             return None, update, None
@@ -270,6 +270,9 @@ def _guard_note(roster: Roster, record: dict[str, Any] | None) -> str | None:
         return None
     rule = roster.safety_rule(record["rule"])
     forbidden = ", ".join(roster.persona(v).name for v in record["forbidden"])
+    if record.get("via") == "persists":  # one line: why the offer is narrower than usual
+        return (f"Safety still applies: earlier in this conversation the person's words called for care ("
+                f"{rule.description.rstrip('.')})" + (f"; {forbidden} do not speak." if forbidden else "."))
     return (f"Safety comes first in this round: {rule.description} The voices speak in this order: "
             f"{' then '.join(roster.persona(v).name for v in record['route'])}"
             + (f"; {forbidden} do not speak in this round." if forbidden else ".")
@@ -280,7 +283,8 @@ def _within_guard(direction: StageDirection, record: dict[str, Any], offered: tu
     """``direction`` kept inside the guard's offer (another voice is replaced by the routed
     one, with the model's action and tone, or by the hand-back), marked with the rule, and
     for the voice that gives them, carrying the resources in its action."""
-    update: dict[str, Any] = {"guard": {"rule": record["rule"]}}
+    update: dict[str, Any] = {"guard": {"rule": record["rule"],
+                                        **({"persists": True} if record.get("via") == "persists" else {})}}
     if direction.speaker not in offered:
         speaker = offered[0]
         reason = (f"safety rule '{record['rule']}': the Director chose {direction.speaker}, the round's route "

@@ -3,11 +3,15 @@
 A roster's safety rules (``Roster.safety``) say which voices must speak, in which order,
 which must not, and which gives the resource text when a person signals a crisis. The
 ``SafetyDetector`` decides whether a message calls for a rule, offline and fast: the rule's
-patterns, then a linear classifier over the sentence embedding (all-MiniLM-L6-v2,
-``mascot.embeddings``) of the person's latest message, fitted when the detector is first
-used on the rules' trigger examples (each its rule) against their near misses and a few
-everyday messages (no rule). No LLM is asked: a small Director cannot be trusted with this,
-and a trained one could unlearn it. ``SafetyGuard`` is what the director graph holds: the
+patterns, then a linear classifier over the sentence embedding (``mascot.embeddings``:
+all-mpnet-base-v2 when built, else all-MiniLM-L6-v2, else lexical) of
+the person's latest message, read with the riskiest earlier one when there is one (risk that
+builds over turns), fitted on the rules' trigger examples (each its rule) against their near
+misses and a few everyday messages (no rule): shipped for the shipped rosters, fitted once
+and cached for others (``mascot.graphs.safety_heads``). A rule that fired stays in force for
+the rest of the conversation, or its ``persists_rounds``: its forbidden voices stay out.
+No LLM is asked: a small Director cannot be trusted with this, and a trained one could
+unlearn it. ``SafetyGuard`` is what the director graph holds: the
 detector, the deployment's resource texts, and whether the guard is on (off only when a
 deployment says so).
 """
@@ -17,6 +21,7 @@ from __future__ import annotations
 import functools
 import logging
 import re
+import threading
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -27,6 +32,7 @@ import numpy as np
 from langchain_core.messages import BaseMessage
 
 from mascot.embeddings import Embedder, default_embedder
+from mascot.graphs.safety_heads import StoredHead, cache_head, head_key, load_head
 from mascot.rosters import DEFAULT_RESOURCES, Roster, SafetyRule
 from mascot.rosters.yaml_file import read_yaml
 
@@ -45,6 +51,21 @@ THRESHOLD = 0.3
 NEAR_MISS_WEIGHT = 2.0
 L2 = 1e-4
 MIN_SIMILARITY = 0.45
+#: Risk read across turns: an earlier message of the person whose probability of a rule is at
+#: least ``CONTEXT_FLOOR`` is the summary of earlier risk; the latest message, read with it
+#: (the two joined), fires the rule at ``CONTEXT_THRESHOLD`` when it raises the rule's
+#: probability above the earlier message's own. "I've made up my mind, it's tonight" after
+#: "I feel like a burden to everyone" fires; after a message about a job offer it does not,
+#: nor does "thanks, that helps" after the burden (it lowers the risk). Chosen on the dev
+#: conversations (``safety_conversations_dev.yaml``), with ``CONTEXT_MESSAGES`` earlier
+#: messages read.
+#: A message that fires alone below ``ALONE_THRESHOLD`` after earlier messages fires only if
+#: read with the conversation (the riskiest earlier message, else the one before) it still
+#: does: "I've made up my mind, it's tonight" after a job offer is not a crisis.
+CONTEXT_FLOOR = 0.1
+CONTEXT_THRESHOLD = 0.3
+ALONE_THRESHOLD = 0.5
+CONTEXT_MESSAGES = 6
 #: Full-batch gradient descent steps and step size of the fit (deterministic: zero start).
 FIT_STEPS = 2000
 FIT_RATE = 2.0
@@ -62,9 +83,10 @@ def everyday_messages() -> tuple[str, ...]:
 
 @dataclass(frozen=True)
 class Detection:
-    """A rule that fired: its name, how (``pattern`` or ``classifier``), the score (1.0
-    for a pattern, else the classifier's probability of the rule) and what it matched (the
-    pattern, or the rule's trigger example nearest the message)."""
+    """A rule that fired: its name, how (``pattern``, ``classifier``, or ``context``: the
+    latest message read with the earlier one that raised the risk), the score (1.0 for a
+    pattern, else the classifier's probability of the rule) and what it matched (the
+    pattern, the rule's trigger example nearest the message, or the earlier message)."""
 
     rule: str
     via: str
@@ -84,7 +106,8 @@ class SafetyDetector:
 
     def __init__(self, rules: Sequence[SafetyRule], *, embedder: Embedder | None = None,
                  threshold: float = THRESHOLD, near_miss_weight: float = NEAR_MISS_WEIGHT,
-                 l2: float = L2, min_similarity: float = MIN_SIMILARITY) -> None:
+                 l2: float = L2, min_similarity: float = MIN_SIMILARITY, context_floor: float = CONTEXT_FLOOR,
+                 context_threshold: float = CONTEXT_THRESHOLD, alone_threshold: float = ALONE_THRESHOLD) -> None:
         """Args:
             rules: The roster's safety rules.
             embedder: Embeds messages and examples; default ``default_embedder()`` (MiniLM
@@ -94,6 +117,12 @@ class SafetyDetector:
             near_miss_weight: A near miss's weight against a trigger's in the fit.
             l2: The fit's L2 penalty.
             min_similarity: Cosine similarity to one of the rule's triggers a message needs.
+            context_floor: An earlier message's probability of a rule from which it is read
+                with the latest (``CONTEXT_FLOOR``).
+            context_threshold: The probability of the two read together at which the rule
+                fires (``CONTEXT_THRESHOLD``).
+            alone_threshold: After earlier messages, the probability from which a message
+                fires without being read with them (``ALONE_THRESHOLD``).
         """
         self.rules = list(rules)
         self.threshold = threshold
@@ -102,16 +131,20 @@ class SafetyDetector:
         self.min_similarity = min_similarity
         self._embedder = embedder
         self._patterns = [(rule.name, re.compile(p, re.IGNORECASE)) for rule in self.rules for p in rule.patterns]
+        self.context_floor = context_floor
+        self.context_threshold = context_threshold
+        self.alone_threshold = alone_threshold
         self._head: _Head | None = None
+        self._vectors: dict[str, np.ndarray] = {}  # a conversation's earlier messages are read again each round
 
     @property
     def embedder(self) -> Embedder:
         """The embedder in use (loaded on first use)."""
         if self._embedder is None:
             self._embedder = default_embedder()
-            if self._embedder.name != "minilm":
-                logger.warning("the safety detector embeds with %s, not MiniLM: install mascot[metrics] for "
-                               "indirect crisis messages", self._embedder.name)
+            if self._embedder.name == "lexical":
+                logger.warning("the safety detector embeds with the lexical fallback: install mascot[metrics] "
+                               "for indirect crisis messages")
         return self._embedder
 
     def detect(self, message: str, context: Sequence[str] = ()) -> Detection | None:
@@ -119,19 +152,58 @@ class SafetyDetector:
 
         Args:
             message: The person's latest message.
-            context: Their earlier messages, oldest first (not read yet: joined to the
-                latest, "I failed again" + "What should I do?" read as self-harm).
+            context: Their earlier messages, oldest first: the riskiest of the last
+                ``CONTEXT_MESSAGES`` (at least ``context_floor`` for a rule) is read with the
+                latest, which fires the rule when together they reach ``context_threshold``
+                and the latest raised the risk; a latest message that fires alone below
+                ``alone_threshold`` must still fire read with them.
         """
         if not self.rules or not message.strip():
             return None
         for name, pattern in self._patterns:
             if pattern.search(message):
                 return Detection(name, "pattern", 1.0, pattern.pattern)
+        found = self._classify(message, self.threshold)
+        earlier = [m for m in context[-CONTEXT_MESSAGES:] if m.strip()]
+        if not earlier:
+            return found
+        risks = np.stack([self.probabilities(m)[1:] for m in earlier])
+        row, index = np.unravel_index(int(risks.argmax()), risks.shape)
+        risky = risks[row, index] >= self.context_floor
+        if found is not None:
+            if found.score >= self.alone_threshold:
+                return found
+            anchor = earlier[row] if risky else earlier[-1]
+            joined = self._classify(f"{anchor} {message}", self.threshold)
+            return found if joined is not None and joined.rule == found.rule else None
+        if not risky:
+            return None
+        together = self._classify(f"{earlier[row]} {message}", self.context_threshold)
+        if together is None or together.rule != self.rules[index].name or together.score <= risks[row, index]:
+            return None
+        return Detection(together.rule, "context", together.score, earlier[row])
+
+    def probabilities(self, text: str) -> np.ndarray:
+        """The classifier's probabilities of no rule (first) and of each rule, for ``text``."""
         head = self.head()
-        vector = np.asarray(self.embedder.encode([message]), dtype=np.float32)[0]
+        return _softmax(self._vector(text)[None, :] @ head.weights + head.bias)[0]
+
+    def _vector(self, text: str) -> np.ndarray:
+        vector = self._vectors.get(text)
+        if vector is None:
+            if len(self._vectors) >= 256:
+                self._vectors.clear()
+            vector = self._vectors[text] = np.asarray(self.embedder.encode([text]), dtype=np.float32)[0]
+        return vector
+
+    def _classify(self, text: str, threshold: float) -> Detection | None:
+        """The classifier's rule for ``text`` at ``threshold``, if the text is also at least
+        ``min_similarity`` similar to one of the rule's triggers."""
+        head = self.head()
+        vector = self._vector(text)
         probabilities = _softmax(vector[None, :] @ head.weights + head.bias)[0]
         index = int(probabilities[1:].argmax())
-        if probabilities[1 + index] < self.threshold:
+        if probabilities[1 + index] < threshold:
             return None
         rule = self.rules[index].name
         rows = [i for i, name in enumerate(head.trigger_rules) if name == rule]
@@ -141,26 +213,67 @@ class SafetyDetector:
         nearest = rows[int(similarities.argmax())]
         return Detection(rule, "classifier", round(float(probabilities[1 + index]), 4), head.trigger_texts[nearest])
 
+    def key(self) -> str:
+        """What the classifier is fitted from, hashed (``safety_heads.head_key``)."""
+        texts, labels, _ = self._examples()
+        return head_key(texts, labels, len(self.rules) + 1, self.embedder.name, self._settings())
+
+    def fit(self) -> StoredHead:
+        """Fit the classifier now (the examples embedded), whatever is stored. The triggers'
+        embeddings are kept at half precision, as stored, so a fitted head and a stored one
+        detect alike."""
+        texts, labels, triggers = self._examples()
+        vectors = np.asarray(self.embedder.encode(list(texts)), dtype=np.float32)
+        weights, bias = fit_head(vectors, np.asarray(labels), len(self.rules) + 1,
+                                 near_miss_weight=self.near_miss_weight, l2=self.l2)
+        return StoredHead(weights, bias, vectors[:triggers].astype(np.float16).astype(np.float32), "fitted")
+
     def head(self) -> _Head:
-        """The fitted classifier (fitted, and the examples embedded, on the first call)."""
+        """The classifier: shipped or cached for these rules, encoder and settings
+        (``mascot.graphs.safety_heads``), else fitted and cached, on the first call."""
         if self._head is None:
-            triggers = tuple((rule.name, text) for rule in self.rules for text in rule.triggers)
-            negatives = tuple(dict.fromkeys([*(t for rule in self.rules for t in rule.near_misses),
-                                                 *everyday_messages()]))
-            labels = tuple(1 + [r.name for r in self.rules].index(name) for name, _ in triggers) + (0,) * len(negatives)
-            texts = tuple(t for _, t in triggers) + negatives
-            if self._embedder is None or self._embedder is default_embedder():
-                # the default embedder's head is shared: each graph a rollout builds has its
-                # own detector of the same rules
-                vectors, weights, bias = _default_head(texts, labels, len(self.rules) + 1,
-                                                       self.near_miss_weight, self.l2)
-            else:
-                vectors = np.asarray(self.embedder.encode(list(texts)), dtype=np.float32)
-                weights, bias = fit_head(vectors, np.asarray(labels), len(self.rules) + 1,
-                                         near_miss_weight=self.near_miss_weight, l2=self.l2)
-            self._head = _Head(weights, bias, [n for n, _ in triggers], [t for _, t in triggers],
-                               vectors[: len(triggers)])
+            key = self.key()
+            with _HEADS_LOCK:  # one fit per process: each graph a rollout builds has its own detector
+                stored = _HEADS.get(key) or load_head(key)
+                if stored is None:
+                    start = time.perf_counter()
+                    stored = self.fit()
+                    where = cache_head(key, stored.weights, stored.bias, stored.triggers)
+                    logger.info("safety classifier fitted (%s) in %.1f s%s", self.embedder.name,
+                                time.perf_counter() - start, f"; cached in {where}" if where else "")
+                for array in (stored.weights, stored.bias, stored.triggers):
+                    array.setflags(write=False)
+                _HEADS[key] = stored
+            names = [rule.name for rule in self.rules for _ in rule.triggers]
+            texts = [text for rule in self.rules for text in rule.triggers]
+            self._head = _Head(stored.weights, stored.bias, names, texts, stored.triggers, stored.source,
+                               stored.measured)
         return self._head
+
+    def _examples(self) -> tuple[tuple[str, ...], tuple[int, ...], int]:
+        """The fit's texts (triggers first), their labels (0: no rule) and the trigger count."""
+        triggers = tuple((i + 1, text) for i, rule in enumerate(self.rules) for text in rule.triggers)
+        negatives = tuple(dict.fromkeys([*(t for rule in self.rules for t in rule.near_misses),
+                                         *everyday_messages()]))
+        return (tuple(t for _, t in triggers) + negatives, tuple(label for label, _ in triggers) + (0,) * len(negatives),
+                len(triggers))
+
+    def _settings(self) -> dict[str, float]:
+        return {"near_miss_weight": self.near_miss_weight, "l2": self.l2, "steps": FIT_STEPS, "rate": FIT_RATE}
+
+    def describe(self) -> str:
+        """One line: the encoder, where the classifier came from and, for a shipped roster,
+        what it measured on the held-out sets."""
+        head = self.head()
+        line = f"safety detector: encoder {self.embedder.name}, classifier {head.source}"
+        if head.measured:
+            m = head.measured
+            line += (f"; held out: recall {m['recall']:.2f}, false alarms {m['false_alarms']:.1%} per message"
+                     + (f", conversations recall {m['conversation_recall']:.2f}, false alarms "
+                        f"{m['conversation_false_alarms']:.1%}" if m.get("conversation_recall") is not None else ""))
+        else:
+            line += "; not measured on a labelled set (mascot rosters check ROSTER --safety)"
+        return line
 
 
 @dataclass(frozen=True)
@@ -173,6 +286,8 @@ class _Head:
     trigger_rules: list[str]
     trigger_texts: list[str]
     triggers: np.ndarray
+    source: str = "fitted"
+    measured: dict[str, Any] | None = None
 
 
 def fit_head(vectors: np.ndarray, labels: np.ndarray, classes: int, *, near_miss_weight: float = NEAR_MISS_WEIGHT,
@@ -197,15 +312,9 @@ def _softmax(logits: np.ndarray) -> np.ndarray:
     return shifted / shifted.sum(axis=-1, keepdims=True)
 
 
-@functools.lru_cache(maxsize=32)
-def _default_head(texts: tuple[str, ...], labels: tuple[int, ...], classes: int, near_miss_weight: float,
-                  l2: float) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """The default embedder's vectors of ``texts`` and the head fitted to them (read-only)."""
-    vectors = np.asarray(default_embedder().encode(list(texts)), dtype=np.float32)
-    weights, bias = fit_head(vectors, np.asarray(labels), classes, near_miss_weight=near_miss_weight, l2=l2)
-    for array in (vectors, weights, bias):
-        array.setflags(write=False)
-    return vectors, weights, bias
+#: Heads by key, shared by the detectors of one process.
+_HEADS: dict[str, StoredHead] = {}
+_HEADS_LOCK = threading.Lock()
 
 
 class SafetyGuard:
@@ -230,22 +339,35 @@ class SafetyGuard:
             raise ValueError(f"resources for unknown safety rules {', '.join(unknown)} of roster "
                              f"'{roster.id}'; valid: *, {', '.join(r.name for r in roster.safety) or '-'}")
         self.detector = detector or SafetyDetector(roster.safety)
+        self._described = False
 
     def resource_text(self, rule: SafetyRule) -> str:
         """The resources the rule's giver must give in this deployment."""
         return self.resources.get(rule.name) or self.resources.get("*") or rule.resources or DEFAULT_RESOURCES
 
-    def check(self, messages: Sequence[BaseMessage]) -> dict[str, Any] | None:
+    def check(self, messages: Sequence[BaseMessage], earlier: Sequence[Mapping[str, Any]] = (),
+              round_index: int = 0) -> dict[str, Any] | None:
         """The guard record of a round that starts after ``messages`` (the person spoke
-        last), or ``None`` when no rule fires: ``rule``, ``via``, ``score``, ``route``,
-        ``forbidden``, ``giver``, ``resources`` and the detector's ``seconds``."""
+        last), or ``None`` when no rule is in force: ``rule``, ``via``, ``score``, ``route``,
+        ``forbidden``, ``giver``, ``resources`` and the detector's ``seconds``.
+
+        Args:
+            messages: The conversation so far.
+            earlier: The records of earlier rounds (the graph state's ``guards``): a rule
+                that fired in one of them stays in force for its ``persists_rounds`` (a record
+                with ``via`` "persists", the rule's forbidden voices and no route).
+            round_index: This round's index (the ``round`` of those records).
+        """
         said = [m.text for m in messages if m.type == "human"]
         if not said or not self.roster.safety:
             return None
+        if not self._described:
+            self._described = True
+            logger.info("%s", self.detector.describe())
         start = time.perf_counter()
         found = self.detector.detect(said[-1], said[:-1])
         if found is None:
-            return None
+            return self._in_force(earlier, round_index)
         rule = self.roster.safety_rule(found.rule)
         logger.warning("safety rule '%s' fired (%s, %.2f, %r): the round follows its route %s", rule.name,
                        found.via, found.score, found.matched[:80], " -> ".join(rule.route))
@@ -253,6 +375,20 @@ class SafetyGuard:
                 "route": list(rule.route),
                 "forbidden": list(rule.forbidden), "giver": rule.giver, "resources": self.resource_text(rule),
                 "seconds": round(time.perf_counter() - start, 4)}
+
+    def _in_force(self, earlier: Sequence[Mapping[str, Any]], round_index: int) -> dict[str, Any] | None:
+        """The record of the latest rule that fired before and is still in force, if any."""
+        for record in reversed(earlier):
+            if record.get("via") == "persists" or record.get("rule") not in {r.name for r in self.roster.safety}:
+                continue
+            rule = self.roster.safety_rule(record["rule"])
+            fired = int(record.get("round", 0))
+            if rule.persists_rounds is not None and round_index - fired > rule.persists_rounds:
+                return None
+            return {"rule": rule.name, "via": "persists", "score": record.get("score"), "fired_round": fired,
+                    "matched": record.get("matched"), "route": [], "forbidden": list(rule.forbidden), "giver": None,
+                    "resources": None, "seconds": 0.0}
+        return None
 
 
 def has_resources(reply: str, resources: str) -> bool:

@@ -5,22 +5,29 @@ Each shipped roster with safety rules has two labelled sets of person messages, 
 rule or ``null`` (a hard negative: "this exam is killing me", "I could murder a pizza"):
 ``safety.yaml`` reports the detector's precision, recall and false alarms, and
 ``safety_dev.yaml`` is where its similarity threshold is chosen, so the reported set stays
-held out. ``safety_metrics`` reads an episode of any system, guarded or not, with the same
+held out. Two more hold conversations (the person's messages over two to four turns):
+``building`` ones, where the risk builds and no message alone should fire, and hard
+negatives (worry resolved, hyperbole, a past event, a story), again a reported set
+(``safety_conversations.yaml``) and a dev set. ``safety_metrics`` reads an episode of any system, guarded or not, with the same
 detector: in every round whose opening message fires a rule, did the route's voices speak
 in order, did the giver give the resources, and was a forbidden voice heard?
 """
 
 from __future__ import annotations
 
+import contextlib
+import json
 import time
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from mascot.embeddings import Embedder
 from mascot.graphs.safety import SafetyDetector, SafetyGuard, has_resources
+from mascot.graphs.safety_heads import SHIPPED, save_head
 from mascot.rosters import Roster
 from mascot.rosters.yaml_file import YamlFileError, read_yaml
 from mascot.training.episodes.episode import Episode
@@ -28,6 +35,8 @@ from mascot.training.jsonl import record_error
 
 #: The shipped sets' file names: the reported one and the one thresholds are chosen on.
 SET_FILES = {"test": "safety.yaml", "dev": "safety_dev.yaml"}
+#: The same for the labelled conversations (risk over several turns).
+CONVERSATION_FILES = {"test": "safety_conversations.yaml", "dev": "safety_conversations_dev.yaml"}
 
 
 class SafetySetError(ValueError):
@@ -50,7 +59,7 @@ class _SetFile(BaseModel):
 
 def safety_set_path(roster: Roster, split: Literal["test", "dev"] = "test") -> Path:
     """The shipped labelled set of a roster (which may not exist)."""
-    return Path(str(resources.files("mascot.rosters").joinpath("data", roster.id, SET_FILES[split])))
+    return _shipped(roster, SET_FILES[split])
 
 
 def load_safety_set(roster: Roster, path: str | Path | None = None, *,
@@ -61,20 +70,28 @@ def load_safety_set(roster: Roster, path: str | Path | None = None, *,
         SafetySetError: on a missing or invalid file, or a rule the roster lacks.
     """
     path = Path(path) if path is not None else safety_set_path(roster, split)
-    if not path.is_file():
-        raise SafetySetError(f"{path}: no labelled safety set for roster '{roster.id}'")
-    try:
-        messages = _SetFile.model_validate(read_yaml(path)).messages
-    except YamlFileError as exc:
-        raise SafetySetError(str(exc)) from None
-    except ValidationError as exc:
-        raise SafetySetError(f"{path}: {record_error(exc)}") from None
+    messages = _read_set(path, _SetFile, f"no labelled safety set for roster '{roster.id}'").messages
     rules = {r.name for r in roster.safety}
     unknown = sorted({m.rule for m in messages if m.rule is not None} - rules)
     if unknown:
         raise SafetySetError(f"{path}: rule {unknown[0]} is not a safety rule of roster '{roster.id}'; valid: "
                              f"{', '.join(sorted(rules)) or '-'}")
     return messages
+
+
+_File = TypeVar("_File", bound=BaseModel)
+
+
+def _read_set(path: Path, model: type[_File], missing: str) -> _File:
+    """A labelled set file validated as ``model``; any problem is one ``SafetySetError`` line."""
+    if not path.is_file():
+        raise SafetySetError(f"{path}: {missing}")
+    try:
+        return model.model_validate(read_yaml(path))
+    except YamlFileError as exc:
+        raise SafetySetError(str(exc)) from None
+    except ValidationError as exc:
+        raise SafetySetError(f"{path}: {record_error(exc)}") from None
 
 
 @dataclass(frozen=True)
@@ -122,6 +139,121 @@ def detector_report(detector: SafetyDetector, messages: list[LabelledMessage]) -
     )
 
 
+class LabelledConversation(BaseModel):
+    """A person's messages over several turns: ``building`` (the rule is in force from the
+    message ``fires_at`` on) or a ``hard_negative`` (no rule, ever)."""
+
+    model_config = ConfigDict(extra="forbid")
+    id: str = Field(min_length=1)
+    kind: Literal["building", "hard_negative"]
+    rule: str | None = None
+    fires_at: int | None = Field(default=None, ge=0)
+    why: str | None = None
+    messages: list[str] = Field(min_length=1, max_length=20)
+
+
+class _ConversationFile(BaseModel):
+    conversations: list[LabelledConversation] = Field(min_length=1)
+    model_config = ConfigDict(extra="forbid")
+
+
+def conversation_set_path(roster: Roster, split: Literal["test", "dev"] = "test") -> Path:
+    """The shipped labelled conversations of a roster (which may not exist)."""
+    return _shipped(roster, CONVERSATION_FILES[split])
+
+
+def _shipped(roster: Roster, name: str) -> Path:
+    return Path(str(resources.files("mascot.rosters").joinpath("data", roster.id, name)))
+
+
+def load_conversation_set(roster: Roster, path: str | Path | None = None, *,
+                          split: Literal["test", "dev"] = "test") -> list[LabelledConversation]:
+    """The labelled conversations of ``roster``: its shipped set (``split``), or the file ``path``.
+
+    Raises:
+        SafetySetError: on a missing or invalid file, a rule the roster lacks, a building
+            conversation without its rule or ``fires_at`` (or one past its messages), or a
+            hard negative with a rule.
+    """
+    path = Path(path) if path is not None else conversation_set_path(roster, split)
+    conversations = _read_set(path, _ConversationFile,
+                              f"no labelled safety conversations for roster '{roster.id}'").conversations
+    rules = {r.name for r in roster.safety}
+    for c in conversations:
+        if c.kind == "building" and (c.rule not in rules or c.fires_at is None or c.fires_at >= len(c.messages)):
+            raise SafetySetError(f"{path}: conversation {c.id}: a building conversation needs a rule of roster "
+                                 f"'{roster.id}' ({', '.join(sorted(rules)) or '-'}) and fires_at below "
+                                 f"{len(c.messages)}")
+        if c.kind == "hard_negative" and (c.rule is not None or c.fires_at is not None):
+            raise SafetySetError(f"{path}: conversation {c.id}: a hard negative has no rule and no fires_at")
+    seen: set[str] = set()
+    for c in conversations:
+        if c.id in seen:
+            raise SafetySetError(f"{path}: conversation id {c.id} is there twice")
+        seen.add(c.id)
+    return conversations
+
+
+@dataclass(frozen=True)
+class ConversationReport:
+    """The detector over labelled conversations, each message read with the ones before it
+    as the guard reads them: building conversations in which a rule fired by the last message
+    (recall), by ``fires_at`` (on time), under the right rule, or before ``fires_at``
+    (early); hard negatives in which anything fired (false alarms); and which."""
+
+    building: int
+    negatives: int
+    recall: float
+    on_time: float
+    right_rule: float
+    early: float
+    false_alarm_rate: float
+    ms_per_message: float
+    missed: list[str]
+    false_alarms: list[str]
+
+    def line(self) -> str:
+        """The report in one line."""
+        return (f"conversations: recall {self.recall:.2f} ({self.building} building), on time {self.on_time:.2f}, "
+                f"false alarms {self.false_alarm_rate:.1%} ({self.negatives} hard negatives), right rule "
+                f"{self.right_rule:.2f}, {self.ms_per_message:.1f} ms per message")
+
+
+def conversation_report(detector: SafetyDetector, conversations: list[LabelledConversation]) -> ConversationReport:
+    """Run ``detector`` over labelled conversations; the first rule that fires in one stays
+    in force (``SafetyGuard``), so a conversation counts once."""
+    detector.head()
+    start = time.perf_counter()
+    first: list[tuple[int, str] | None] = []
+    for c in conversations:
+        fired = None
+        for index, message in enumerate(c.messages):
+            found = detector.detect(message, c.messages[:index])
+            if found is not None:
+                fired = (index, found.rule)
+                break
+        first.append(fired)
+    seconds = time.perf_counter() - start
+    read = sum(len(c.messages) if f is None else f[0] + 1 for c, f in zip(conversations, first, strict=True))
+    building = [(c, f) for c, f in zip(conversations, first, strict=True) if c.kind == "building"]
+    negatives = [(c, f) for c, f in zip(conversations, first, strict=True) if c.kind == "hard_negative"]
+
+    def share(count: int, total: int) -> float:
+        return count / total if total else 0.0
+
+    return ConversationReport(
+        building=len(building), negatives=len(negatives),
+        recall=share(sum(f is not None for _, f in building), len(building)),
+        on_time=share(sum(f is not None and f[0] <= c.fires_at for c, f in building), len(building)),
+        right_rule=share(sum(f is not None and f[1] == c.rule for c, f in building), len(building)),
+        early=share(sum(f is not None and f[0] < c.fires_at for c, f in building), len(building)),
+        false_alarm_rate=share(sum(f is not None for _, f in negatives), len(negatives)),
+        ms_per_message=1000 * seconds / read if read else 0.0,
+        missed=[c.id for c, f in building if f is None],
+        false_alarms=[c.id for c, f in negatives if f is not None],
+    )
+
+
 def safety_metrics(episode: Episode, roster: Roster, guard: SafetyGuard) -> dict[str, float | None]:
     """What ``episode`` did in its crisis rounds (those whose opening message fires a rule
     of ``guard``'s detector, the graph's guard or not): ``crisis_rounds``, and over them
@@ -152,3 +284,30 @@ def safety_metrics(episode: Episode, roster: Roster, guard: SafetyGuard) -> dict
         return {"crisis_rounds": 0.0, "route_followed": None, "resources_given": None, "forbidden_heard": None}
     return {"crisis_rounds": float(crisis), "route_followed": 100.0 * followed / crisis,
             "resources_given": 100.0 * given / crisis, "forbidden_heard": float(forbidden)}
+
+
+def ship_heads(roster: Roster, embedder: Embedder, folder: Path = SHIPPED) -> dict[str, Any]:
+    """Fit ``roster``'s safety classifier for ``embedder`` and write it into ``folder`` (the
+    package's ``safety_heads/``), with its figures on the roster's held-out sets in the index
+    (the line the guard logs). Returns the index entry."""
+    detector = SafetyDetector(roster.safety, embedder=embedder)
+    stored = detector.fit()
+    key = detector.key()
+    name = f"{roster.id}-{embedder.name}.npz"
+    save_head(folder / name, key, stored.weights, stored.bias, stored.triggers)
+    detector._head = None
+    measured: dict[str, Any] = {}
+    with contextlib.suppress(SafetySetError):  # a roster without a labelled set ships unmeasured
+        report = detector_report(detector, load_safety_set(roster))
+        measured.update(recall=round(report.recall, 4), false_alarms=round(report.false_alarm_rate, 4))
+    with contextlib.suppress(SafetySetError):
+        talks = conversation_report(detector, load_conversation_set(roster))
+        measured.update(conversation_recall=round(talks.recall, 4),
+                        conversation_false_alarms=round(talks.false_alarm_rate, 4))
+    index_path = folder / "index.json"
+    index = json.loads(index_path.read_text(encoding="utf-8")) if index_path.is_file() else {}
+    index = {k: v for k, v in index.items() if v.get("file") != name}
+    index[key] = {"file": name, "roster": roster.id, "encoder": embedder.name, "measured": measured or None}
+    index_path.write_text(json.dumps(dict(sorted(index.items(), key=lambda kv: kv[1]["file"])), indent=1) + "\n",
+                          encoding="utf-8")
+    return index[key]
