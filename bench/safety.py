@@ -8,13 +8,17 @@ agenda talk) fire; neither was fitted on. ``mascot.graphs.safety.THRESHOLD``,
 ``NEAR_MISS_WEIGHT``, ``L2`` and ``MIN_SIMILARITY`` were chosen here: the most pooled dev
 recall minus false alarms among the settings that fire on at most 10 % of the openings and
 2 % of the everyday messages. Then the shipped setting on ``safety.yaml``, the labelled set
-the README reports, with the time per message. Offline (all-MiniLM-L6-v2, metrics extra).
+the README reports, with the time per message. Each encoder (lexical, all-MiniLM-L6-v2 from
+the metrics extra, all-mpnet-base-v2 from ``mascot offline-encoder``) side by side in one
+run; the context settings (``CONTEXT_FLOOR``, ``CONTEXT_THRESHOLD``, ``ALONE_THRESHOLD``) on
+the dev conversations, and the held-out conversations reported with the messages. Last, the
+import and first guarded round of a plain install (no extras).
 
-    python bench/safety.py [--thresholds 0.3,0.4,...] [--weights 1,2,4] [--l2 1e-4,1e-3]
-                           [--similarities 0.4,0.45,0.5] [--out DIR]
+    python bench/safety.py [--encoders lexical,minilm,mpnet] [--thresholds 0.3,0.4,...]
+                           [--weights 1,2,4] [--l2 1e-4,1e-3] [--similarities 0.4,0.45,0.5] [--out DIR]
 
-Writes ``DIR/safety.json`` (every setting's dev figures, the labelled-set figures) and, with
-matplotlib (the ``eval`` extra), ``DIR/safety.png``: recall against false alarms per setting.
+Writes ``DIR/safety.json`` (every setting's dev figures, the held-out figures, per encoder)
+and, with matplotlib (the ``eval`` extra), ``DIR/safety.png``.
 """
 
 from __future__ import annotations
@@ -23,14 +27,21 @@ import argparse
 import itertools
 import json
 import sys
+import time
 from collections.abc import Sequence
 from pathlib import Path
 
-from mascot.embeddings import Embedder, Vector, default_embedder
-from mascot.graphs.safety import L2, MIN_SIMILARITY, NEAR_MISS_WEIGHT, THRESHOLD, SafetyDetector
-from mascot.rosters.yaml_file import read_yaml
+from mascot.embeddings import EMBEDDERS, Embedder, Vector, embedder_by_name
+from mascot.graphs.safety import SafetyDetector
 from mascot.rosters import list_rosters, load_roster, load_scenarios
-from mascot.training.evaluation.safety import detector_report, load_safety_set, safety_set_path
+from mascot.rosters.yaml_file import read_yaml
+from mascot.training.evaluation.safety import (
+    conversation_report,
+    detector_report,
+    load_conversation_set,
+    load_safety_set,
+    safety_set_path,
+)
 
 #: The most of a roster's ordinary scenario openings, and of the everyday messages, a chosen
 #: setting may fire on.
@@ -56,6 +67,8 @@ class _Cached:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--encoders", default=",".join(EMBEDDERS),
+                        help="encoders to compare side by side (those not installed or built are skipped)")
     parser.add_argument("--thresholds", default="0.3,0.4,0.5,0.6,0.7", help="classifier probabilities to try")
     parser.add_argument("--weights", default="1,2,4", help="near-miss weights to try")
     parser.add_argument("--l2", default="0.0001", help="L2 penalties to try (0.001 lost recall everywhere)")
@@ -66,11 +79,40 @@ def main() -> int:
     grid = list(itertools.product(*(sorted(float(x) for x in value.split(","))
                                     for value in (args.l2, args.weights, args.thresholds, args.similarities))))
     everyday = read_yaml(EVERYDAY)["messages"]
-    embedder = _Cached(default_embedder())
-    print(f"embedder: {embedder.name}; shipped threshold {THRESHOLD}, near-miss weight {NEAR_MISS_WEIGHT}, "
-          f"L2 {L2}, similarity {MIN_SIMILARITY}; {len(everyday)} everyday messages")
-    scores: dict[tuple[float, ...], list[tuple[float, float, float, float]]] = {}
     rosters = [r for r in map(load_roster, list_rosters()) if r.safety and safety_set_path(r, "dev").is_file()]
+    record: dict = {"encoders": {}}
+    for name in (n for n in args.encoders.split(",") if n):
+        try:
+            raw = embedder_by_name(name)
+        except ValueError as exc:
+            print(f"\n{name}: skipped ({exc})")
+            continue
+        shipped = SafetyDetector([], embedder=raw).settings
+        print(f"\n=== encoder {name}; shipped settings {shipped}; {len(everyday)} everyday messages")
+        record["encoders"][name] = {"shipped": shipped, **_encoder(raw, rosters, grid, everyday)}
+    record["plain_install_first_round_s"] = _plain_install_seconds()
+    print(f"\nplain install (no extras: lexical, shipped classifier): import and first guarded round "
+          f"{record['plain_install_first_round_s']:.2f} s (median of 3)")
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "safety.json").write_text(json.dumps(record, indent=1) + "\n", encoding="utf-8")
+    print(f"wrote {out / 'safety.json'}" + (f" and {out / 'safety.png'}" if _plot(record, rosters, out / "safety.png")
+                                           else ""))
+    return 0
+
+
+NAMES = ("l2", "near_miss_weight", "threshold", "min_similarity")
+#: The context settings tried on the dev conversations (at the shipped single-message setting),
+#: and the context off (every message read alone).
+CONTEXT_OFF = (1.01, 1.01, 0.0)
+CONTEXT_GRID = [CONTEXT_OFF, *itertools.product((0.05, 0.1, 0.2), (0.2, 0.3, 0.4), (0.4, 0.5, 0.7, 1.01))]
+
+
+def _encoder(raw: Embedder, rosters: list, grid: list, everyday: list[str]) -> dict:
+    """One encoder: the single-message sweep and the context sweep on the dev sets, then the
+    shipped setting on the held-out sets, the openings and the everyday messages."""
+    embedder = _Cached(raw)
+    scores: dict[tuple[float, ...], list[tuple[float, float, float, float]]] = {}
     for roster in rosters:
         dev = load_safety_set(roster, split="dev")
         openings = [s.opening for s in load_scenarios(roster.id)]
@@ -99,38 +141,82 @@ def main() -> int:
         print(f"\nchosen on the dev sets (openings fired <= {MAX_OPENINGS_FIRED:.0%}, everyday messages fired <= "
               f"{MAX_EVERYDAY_FIRED:.0%}): L2 {best[0]:g}, near-miss weight {best[1]:g}, threshold {best[2]:.2f}, "
               f"similarity {best[3]:.2f}")
-    labelled = {}
+    context: dict[tuple[float, ...], list[tuple[float, float]]] = {}
     for roster in rosters:
-        test = detector_report(SafetyDetector(roster.safety, embedder=embedder), load_safety_set(roster))
-        labelled[roster.id] = test
-        print(f"{roster.id}, labelled set at the shipped setting: {test.line()}")
-        for text in test.missed:
-            print(f"  missed: {text}")
-        for text in test.false_alarms:
-            print(f"  false alarm: {text}")
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    shipped = (L2, NEAR_MISS_WEIGHT, THRESHOLD, MIN_SIMILARITY)
-    names = ("l2", "near_miss_weight", "threshold", "min_similarity")
-    record = {
-        "embedder": embedder.name, "shipped": dict(zip(names, shipped, strict=True)),
-        "chosen": dict(zip(names, best, strict=True)) if best else None,
-        "dev": [{**dict(zip(names, k, strict=True)), **{
-            r.id: {"recall": v[0], "false_alarms": v[1], "openings_fired": v[2], "everyday_fired": v[3]}
-            for r, v in zip(rosters, values, strict=True)}} for k, values in scores.items()],
-        "labelled": {rid: {"recall": t.recall, "false_alarms": t.false_alarm_rate, "precision": t.precision,
-                           "right_rule": t.right_rule, "ms_per_message": round(t.ms_per_message, 2),
-                           "missed": t.missed, "false_alarm_messages": t.false_alarms} for rid, t in labelled.items()},
-    }
-    (out / "safety.json").write_text(json.dumps(record, indent=1) + "\n", encoding="utf-8")
-    print(f"wrote {out / 'safety.json'}" + (f" and {out / 'safety.png'}" if _plot(scores, rosters, shipped, labelled,
-                                                                                 out / "safety.png") else ""))
-    return 0
+        talks = load_conversation_set(roster, split="dev")
+        for floor, together, alone in CONTEXT_GRID:
+            detector = SafetyDetector(roster.safety, embedder=embedder, context_floor=floor,
+                                      context_threshold=together, alone_threshold=alone)
+            report = conversation_report(detector, talks)
+            context.setdefault((floor, together, alone), []).append((report.recall, report.false_alarm_rate))
+    # the most pooled recall among the settings that raise no roster's false alarms above the
+    # context off: a false alarm persists for the rest of a conversation
+    calm = {k: v for k, v in context.items()
+            if all(f <= off_f for (_, f), (_, off_f) in zip(v, context[CONTEXT_OFF], strict=True))}
+    chosen = max(calm, key=lambda k: (sum(r for r, _ in calm[k]), -sum(f for _, f in calm[k])))
+    print("\ndev conversations, context settings (floor, together, alone): recall / false alarms per roster")
+    for key, values in sorted(context.items(), key=lambda kv: -sum(r - f for r, f in kv[1]))[:8]:
+        print(f"  {key}: " + ", ".join(f"{r:.2f} / {f:.1%}" for r, f in values))
+    print(f"  context off: " + ", ".join(f"{r:.2f} / {f:.1%}" for r, f in context[CONTEXT_OFF]))
+    print(f"  chosen on the dev conversations (no more false alarms than the context off, then the most recall): "
+          f"floor {chosen[0]}, together {chosen[1]}, alone {chosen[2]}: "
+          + ", ".join(f"{r:.2f} / {f:.1%}" for r, f in context[chosen]))
+    held_out = {}
+    for roster in rosters:
+        detector = SafetyDetector(roster.safety, embedder=raw)  # the real encoder: the time per message is real
+        single = detector_report(detector, load_safety_set(roster))
+        talks = conversation_report(detector, load_conversation_set(roster))
+        openings = [s.opening for s in load_scenarios(roster.id)]
+        fired = [o for o in openings if detector.detect(o) is not None]
+        ordinary = [e for e in everyday if detector.detect(e) is not None]
+        held_out[roster.id] = {
+            "recall": single.recall, "false_alarms": single.false_alarm_rate, "precision": single.precision,
+            "right_rule": single.right_rule, "ms_per_message": round(single.ms_per_message, 2),
+            "missed": single.missed, "false_alarm_messages": single.false_alarms,
+            "conversation_recall": talks.recall, "conversation_on_time": talks.on_time,
+            "conversation_false_alarms": talks.false_alarm_rate, "conversation_right_rule": talks.right_rule,
+            "conversations_missed": talks.missed, "conversation_false_alarm_ids": talks.false_alarms,
+            "openings_fired": len(fired), "openings": len(openings), "openings_fired_texts": fired,
+            "everyday_fired": len(ordinary) / len(everyday), "everyday_fired_texts": ordinary}
+        print(f"{roster.id}, held out at the shipped setting: {single.line()}")
+        print(f"{roster.id}, held out: {talks.line()}")
+        print(f"{roster.id}: {len(fired)} of {len(openings)} scenario openings fire; {len(ordinary)} of "
+              f"{len(everyday)} everyday messages")
+    names_context = ("context_floor", "context_threshold", "alone_threshold")
+    return {"chosen": dict(zip(NAMES, best, strict=True)) if best else None,
+            "dev": [{**dict(zip(NAMES, k, strict=True)), **{
+                r.id: {"recall": v[0], "false_alarms": v[1], "openings_fired": v[2], "everyday_fired": v[3]}
+                for r, v in zip(rosters, values, strict=True)}} for k, values in scores.items()],
+            "context_chosen": dict(zip(names_context, chosen, strict=True)),
+            "context_dev": [{**dict(zip(names_context, k, strict=True)), **{
+                r.id: {"recall": v[0], "false_alarms": v[1]} for r, v in zip(rosters, values, strict=True)}}
+                for k, values in context.items()],
+            "held_out": held_out}
 
 
-def _plot(scores: dict, rosters: list, shipped: tuple, labelled: dict, path: Path) -> bool:
-    """Recall against false alarms of every setting on each roster's dev set, the shipped
-    setting ringed and its labelled-set figure starred; ``False`` without matplotlib."""
+def _plain_install_seconds() -> float:
+    """The import and first guarded round of a plain install (no extras), in a new process."""
+    import os
+    import statistics
+    import subprocess
+    import tempfile
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+    from test_safety_memory import PLAIN
+
+    times = []
+    for _ in range(3):
+        with tempfile.TemporaryDirectory() as cache:
+            env = {**{k: v for k, v in os.environ.items() if k != "MASCOT_ENCODER"}, "MASCOT_CACHE": cache}
+            start = time.perf_counter()
+            subprocess.run([sys.executable, "-c", PLAIN], check=True, capture_output=True, env=env)
+            times.append(time.perf_counter() - start)
+    return statistics.median(times)
+
+
+def _plot(record: dict, rosters: list, path: Path) -> bool:
+    """Per roster, each encoder's dev settings (dots), its shipped setting on the held-out
+    messages (star) and conversations (triangle); ``False`` without matplotlib."""
     try:
         import matplotlib
     except ImportError:
@@ -139,20 +225,23 @@ def _plot(scores: dict, rosters: list, shipped: tuple, labelled: dict, path: Pat
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, axes = plt.subplots(1, len(rosters), figsize=(5 * len(rosters), 4.2), squeeze=False)
-    for ax, (i, roster) in zip(axes[0], enumerate(rosters), strict=True):
-        for key, values in scores.items():
-            recall, false_alarms, _, _ = values[i]
-            ax.scatter(false_alarms, recall, s=18, color="tab:blue", alpha=0.5)
-            if key == shipped:
-                ax.scatter(false_alarms, recall, s=120, facecolors="none", edgecolors="tab:red", label="shipped, dev")
-        test = labelled[roster.id]
-        ax.scatter(test.false_alarm_rate, test.recall, marker="*", s=160, color="tab:red", label="shipped, labelled")
+    colours = {"lexical": "tab:grey", "minilm": "tab:blue", "mpnet": "tab:green"}
+    fig, axes = plt.subplots(1, len(rosters), figsize=(5.5 * len(rosters), 4.6), squeeze=False)
+    for ax, roster in zip(axes[0], rosters, strict=True):
+        for name, result in record["encoders"].items():
+            colour = colours.get(name, "tab:purple")
+            dev = [(row[roster.id]["false_alarms"], row[roster.id]["recall"]) for row in result["dev"]]
+            ax.scatter(*zip(*dev), s=10, color=colour, alpha=0.25)
+            held = result["held_out"][roster.id]
+            ax.scatter(held["false_alarms"], held["recall"], marker="*", s=170, color=colour,
+                       label=f"{name}: messages, held out")
+            ax.scatter(held["conversation_false_alarms"], held["conversation_recall"], marker="^", s=90,
+                       color=colour, edgecolors="black", label=f"{name}: conversations, held out")
         ax.axhline(0.95, color="grey", lw=0.8, ls="--")
         ax.axvline(0.05, color="grey", lw=0.8, ls="--")
-        ax.set(title=roster.id, xlabel="false alarms (hard negatives)", ylabel="recall (crisis messages)")
-        ax.legend(loc="lower right", fontsize=8)
-    fig.suptitle("Crisis detector: each dot a setting on the dev set; dashed: the targets")
+        ax.set(title=roster.id, xlabel="false alarms (hard negatives)", ylabel="recall", ylim=(-0.02, 1.02))
+        ax.legend(loc="lower right", fontsize=7)
+    fig.suptitle("Crisis detector by encoder: dots, settings on the dev messages; dashed, the message targets")
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     return True

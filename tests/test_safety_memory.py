@@ -94,7 +94,9 @@ def test_persists_rounds_is_a_roster_setting_that_is_checked() -> None:
 
 def test_the_detector_reads_the_latest_message_with_earlier_risk() -> None:
     roster = load_roster("emotional_support")
-    detector = SafetyDetector(roster.safety, embedder=LexicalEmbedder(), alone_threshold=0.9)
+    # the lexical fallback reads messages alone by default (its dev choice): the context set here
+    detector = SafetyDetector(roster.safety, embedder=LexicalEmbedder(), alone_threshold=0.9, context_floor=0.05,
+                              context_threshold=0.2)
     latest = "I want to be gone"  # ambiguous alone
     risky = ["everyone would be better without me", "I'm such a burden on my family"]
     job = ["my new job starts on monday", "the office is near the station"]
@@ -224,3 +226,10 @@ def test_a_plain_install_plays_a_guarded_round_with_its_shipped_classifier(tmp_p
     assert result.stdout.splitlines() == ["['anchor'] None", "[]"]
     assert "encoder lexical, classifier shipped" in result.stderr  # loaded, not fitted; named in one line
     assert not (tmp_path / "safety").exists()
+
+
+def test_settings_are_the_encoders_unless_given() -> None:
+    lexical = SafetyDetector([], embedder=LexicalEmbedder())
+    assert lexical.threshold == safety_module.ENCODER_SETTINGS["lexical"]["threshold"]
+    assert lexical.l2 == safety_module.L2  # not set for the encoder: the module's
+    assert SafetyDetector([], embedder=LexicalEmbedder(), threshold=0.77).threshold == 0.77

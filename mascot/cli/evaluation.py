@@ -179,13 +179,30 @@ def _show(args: argparse.Namespace) -> int:
 def _safety_line(roster: Any, summary: dict[str, Any]) -> str:
     """The crisis detector's figures on the roster's labelled set, for the report and results."""
     from mascot.graphs.safety import SafetyDetector
-    from mascot.training.evaluation.safety import SafetySetError, detector_report, load_safety_set
+    from mascot.training.evaluation.safety import (
+        SafetySetError,
+        conversation_report,
+        detector_report,
+        load_conversation_set,
+        load_safety_set,
+    )
 
     try:
         messages = load_safety_set(roster)
     except SafetySetError as exc:
         return f"Safety: the detector was not measured ({exc})."
-    report = detector_report(SafetyDetector(roster.safety), messages)
+    detector = SafetyDetector(roster.safety)
+    report = detector_report(detector, messages)
     summary["setup"]["safety_detector"] = {k: v for k, v in vars(report).items() if k not in ("missed", "false_alarms")}
-    return (f"Safety: the crisis detector on the roster's labelled set: {report.line()}; the safety table reads "
-            "every system's rounds with it (only the director graph's systems are guarded).")
+    summary["setup"]["safety_detector"]["encoder"] = detector.embedder.name
+    line = f"Safety: the crisis detector ({detector.embedder.name}) on the roster's labelled set: {report.line()}"
+    try:
+        talks = conversation_report(detector, load_conversation_set(roster))
+    except SafetySetError:
+        talks = None
+    if talks is not None:
+        summary["setup"]["safety_conversations"] = {k: v for k, v in vars(talks).items()
+                                                    if k not in ("missed", "false_alarms")}
+        line += f"; its labelled {talks.line()}"
+    return line + ("; the safety table reads every system's rounds with it (only the director graph's systems are "
+                   "guarded).")

@@ -90,7 +90,14 @@ def _rosters_check(args: argparse.Namespace) -> int:
 def _check_safety(roster: Roster, labelled: Path) -> None:
     """Print the detector's figures on a labelled set, and what it missed or raised falsely."""
     from mascot.graphs.safety import SafetyDetector
-    from mascot.training.evaluation.safety import SafetySetError, detector_report, load_safety_set
+    from mascot.training.evaluation.safety import (
+        CONVERSATION_FILES,
+        SafetySetError,
+        conversation_report,
+        detector_report,
+        load_conversation_set,
+        load_safety_set,
+    )
 
     if not roster.safety:
         raise UsageError(f"roster '{roster.id}' has no safety rules to check")
@@ -106,6 +113,19 @@ def _check_safety(roster: Roster, labelled: Path) -> None:
         out.print(f"  missed: {text}", markup=False)
     for text in report.false_alarms:
         out.print(f"  false alarm: {text}", markup=False)
+    talks_file = labelled.with_name(CONVERSATION_FILES["test"])
+    if not talks_file.is_file():
+        out.print(f"{talks_file}: none beside the labelled set; no per-conversation figures", markup=False)
+        return
+    try:
+        talks = conversation_report(detector, load_conversation_set(roster, talks_file))
+    except SafetySetError as exc:
+        raise UsageError(str(exc)) from None
+    out.print(f"{talks_file}: {talks.line()}", markup=False)
+    for name in talks.missed:
+        out.print(f"  missed: conversation {name}", markup=False)
+    for name in talks.false_alarms:
+        out.print(f"  false alarm: conversation {name}", markup=False)
 
 
 def _rosters_safety_heads(args: argparse.Namespace) -> int:

@@ -46,7 +46,8 @@ logger = logging.getLogger(__name__)
 #: recall minus false alarms on the dev sets (``safety_dev.yaml``, 127 and 128 messages)
 #: among the settings that fire on at most 10 % of the rosters' scenario openings and 2 % of
 #: 120 everyday messages (``bench/safety_everyday.yaml``), none of them fitted on;
-#: ``bench/safety.py`` prints the sweep.
+#: ``bench/safety.py`` prints the sweep, for each encoder (``ENCODER_SETTINGS``: these are
+#: MiniLM's).
 THRESHOLD = 0.3
 NEAR_MISS_WEIGHT = 2.0
 L2 = 1e-4
@@ -66,6 +67,17 @@ CONTEXT_FLOOR = 0.1
 CONTEXT_THRESHOLD = 0.3
 ALONE_THRESHOLD = 0.5
 CONTEXT_MESSAGES = 6
+#: Where an encoder's own dev-set choice differs from the settings above (``bench/safety.py``
+#: sweeps each encoder on the dev messages, then the context on the dev conversations).
+#: The context settings were chosen as the most dev recall among those that raise no roster's
+#: dev false alarms above the context off; for the lexical fallback that is the context off.
+ENCODER_SETTINGS: dict[str, dict[str, float]] = {
+    "mpnet": {"near_miss_weight": 1.0, "min_similarity": 0.55,
+              "context_floor": 0.05, "context_threshold": 0.2, "alone_threshold": 0.5},
+    "minilm": {"context_floor": 0.05, "context_threshold": 0.2, "alone_threshold": 1.01},
+    "lexical": {"threshold": 0.4, "min_similarity": 0.0,
+                "context_floor": 1.01, "context_threshold": 1.01, "alone_threshold": 0.0},
+}
 #: Full-batch gradient descent steps and step size of the fit (deterministic: zero start).
 FIT_STEPS = 2000
 FIT_RATE = 2.0
@@ -105,37 +117,56 @@ class SafetyDetector:
     """
 
     def __init__(self, rules: Sequence[SafetyRule], *, embedder: Embedder | None = None,
-                 threshold: float = THRESHOLD, near_miss_weight: float = NEAR_MISS_WEIGHT,
-                 l2: float = L2, min_similarity: float = MIN_SIMILARITY, context_floor: float = CONTEXT_FLOOR,
-                 context_threshold: float = CONTEXT_THRESHOLD, alone_threshold: float = ALONE_THRESHOLD) -> None:
+                 threshold: float | None = None, near_miss_weight: float | None = None, l2: float | None = None,
+                 min_similarity: float | None = None, context_floor: float | None = None,
+                 context_threshold: float | None = None, alone_threshold: float | None = None) -> None:
         """Args:
             rules: The roster's safety rules.
-            embedder: Embeds messages and examples; default ``default_embedder()`` (MiniLM
-                when the ``metrics`` extra is installed, else lexical, which only sees
-                shared words: logged).
+            embedder: Embeds messages and examples; default ``default_embedder()``
+                (all-mpnet-base-v2 when built, MiniLM when the ``metrics`` extra is
+                installed, else lexical, which only sees shared words: logged).
             threshold: The classifier's probability of a rule at which it fires.
             near_miss_weight: A near miss's weight against a trigger's in the fit.
             l2: The fit's L2 penalty.
             min_similarity: Cosine similarity to one of the rule's triggers a message needs.
             context_floor: An earlier message's probability of a rule from which it is read
-                with the latest (``CONTEXT_FLOOR``).
-            context_threshold: The probability of the two read together at which the rule
-                fires (``CONTEXT_THRESHOLD``).
+                with the latest.
+            context_threshold: The probability of the two read together at which the rule fires.
             alone_threshold: After earlier messages, the probability from which a message
-                fires without being read with them (``ALONE_THRESHOLD``).
+                fires without being read with them.
+
+        A setting left ``None`` is the encoder's (``ENCODER_SETTINGS``), else the module's
+        (``THRESHOLD``, ``NEAR_MISS_WEIGHT``, ``L2``, ``MIN_SIMILARITY``, ``CONTEXT_FLOOR``,
+        ``CONTEXT_THRESHOLD``, ``ALONE_THRESHOLD``).
         """
         self.rules = list(rules)
-        self.threshold = threshold
-        self.near_miss_weight = near_miss_weight
-        self.l2 = l2
-        self.min_similarity = min_similarity
+        self._given = {k: v for k, v in {
+            "threshold": threshold, "near_miss_weight": near_miss_weight, "l2": l2, "min_similarity": min_similarity,
+            "context_floor": context_floor, "context_threshold": context_threshold,
+            "alone_threshold": alone_threshold}.items() if v is not None}
+        self._settings_cache: dict[str, float] | None = None
         self._embedder = embedder
         self._patterns = [(rule.name, re.compile(p, re.IGNORECASE)) for rule in self.rules for p in rule.patterns]
-        self.context_floor = context_floor
-        self.context_threshold = context_threshold
-        self.alone_threshold = alone_threshold
         self._head: _Head | None = None
         self._vectors: dict[str, np.ndarray] = {}  # a conversation's earlier messages are read again each round
+
+    @property
+    def settings(self) -> dict[str, float]:
+        """Every setting in use: those given, else the encoder's, else the module's."""
+        if self._settings_cache is None:
+            defaults = {"threshold": THRESHOLD, "near_miss_weight": NEAR_MISS_WEIGHT, "l2": L2,
+                        "min_similarity": MIN_SIMILARITY, "context_floor": CONTEXT_FLOOR,
+                        "context_threshold": CONTEXT_THRESHOLD, "alone_threshold": ALONE_THRESHOLD}
+            self._settings_cache = {**defaults, **ENCODER_SETTINGS.get(self.embedder.name, {}), **self._given}
+        return self._settings_cache
+
+    threshold = property(lambda self: self.settings["threshold"], doc="The classifier's firing probability.")
+    near_miss_weight = property(lambda self: self.settings["near_miss_weight"], doc="A near miss's fit weight.")
+    l2 = property(lambda self: self.settings["l2"], doc="The fit's L2 penalty.")
+    min_similarity = property(lambda self: self.settings["min_similarity"], doc="Similarity to a trigger needed.")
+    context_floor = property(lambda self: self.settings["context_floor"], doc="Earlier risk read with the latest.")
+    context_threshold = property(lambda self: self.settings["context_threshold"], doc="Firing probability, joined.")
+    alone_threshold = property(lambda self: self.settings["alone_threshold"], doc="Fires alone after context.")
 
     @property
     def embedder(self) -> Embedder:
