@@ -233,3 +233,16 @@ def test_settings_are_the_encoders_unless_given() -> None:
     assert lexical.threshold == safety_module.ENCODER_SETTINGS["lexical"]["threshold"]
     assert lexical.l2 == safety_module.L2  # not set for the encoder: the module's
     assert SafetyDetector([], embedder=LexicalEmbedder(), threshold=0.77).threshold == 0.77
+
+
+def test_an_expired_rule_does_not_end_an_earlier_one_still_in_force(roster: Roster) -> None:
+    forever = pattern_rule()
+    brief = SafetyRule(name="abuse", description="The person is being hurt by someone at home.",
+                       triggers=["he hits me", "my partner hurts me", "I'm scared of him at home"],
+                       patterns=[r"\bhe hit me\b"], route=["anchor"], forbidden=["beacon"], persists_rounds=0)
+    guard = SafetyGuard(roster.model_copy(update={"safety": [forever, brief]}),
+                        detector=SafetyDetector([forever, brief], embedder=LexicalEmbedder()))
+    earlier = [{"rule": "self_harm", "via": "pattern", "round": 0}, {"rule": "abuse", "via": "pattern", "round": 2}]
+    record = guard.check([HumanMessage("ok")], earlier, 3)
+    assert record is not None and record["rule"] == "self_harm" and record["via"] == "persists"
+    assert record["forbidden"] == ["catalyst", "beacon"] and record["route"] == [] and record["giver"] is None

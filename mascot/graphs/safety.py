@@ -415,7 +415,7 @@ class SafetyGuard:
             rule = self.roster.safety_rule(record["rule"])
             fired = int(record.get("round", 0))
             if rule.persists_rounds is not None and round_index - fired > rule.persists_rounds:
-                return None
+                continue  # expired; an earlier rule may still be in force
             return {"rule": rule.name, "via": "persists", "score": record.get("score"), "fired_round": fired,
                     "matched": record.get("matched"), "route": [], "forbidden": list(rule.forbidden), "giver": None,
                     "resources": None, "seconds": 0.0}
