@@ -1,5 +1,10 @@
 """`mascot serve --engine vllm` stops the engine it started on SIGTERM (what systemd, Docker and
-Kubernetes send), SIGHUP and Ctrl-C alike: every process of the engine is gone after it exits."""
+Kubernetes send): every process of the engine is gone after it exits, and its port is free.
+
+SIGHUP and Ctrl-C take the same way out (``stop_on_signals`` turns SIGTERM and SIGHUP into
+the ``KeyboardInterrupt`` Ctrl-C raises; ``test_signals`` checks that for all three), so one
+engine start per signal would add minutes to CI for the same path: set
+``MASCOT_TEST_ALL_SIGNALS=1`` to run all three here."""
 
 from __future__ import annotations
 
@@ -64,7 +69,11 @@ def alive(pids: set[int]) -> set[int]:
 
 
 @pytest.mark.skipif(_engine() is None, reason="no vLLM environment: run scripts/install --vllm")
-@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGHUP, signal.SIGINT])
+SIGNALS = [signal.SIGTERM, signal.SIGHUP, signal.SIGINT] if os.environ.get("MASCOT_TEST_ALL_SIGNALS") else [
+    signal.SIGTERM]
+
+
+@pytest.mark.parametrize("sig", SIGNALS)
 def test_serve_leaves_no_engine_process_after_a_signal(sig: signal.Signals, offline_model: Path,
                                                       tmp_path: Path) -> None:
     policies = tmp_path / "policies.yaml"
