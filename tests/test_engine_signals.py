@@ -68,11 +68,11 @@ def alive(pids: set[int]) -> set[int]:
     return left
 
 
-@pytest.mark.skipif(_engine() is None, reason="no vLLM environment: run scripts/install --vllm")
 SIGNALS = [signal.SIGTERM, signal.SIGHUP, signal.SIGINT] if os.environ.get("MASCOT_TEST_ALL_SIGNALS") else [
     signal.SIGTERM]
 
 
+@pytest.mark.skipif(_engine() is None, reason="no vLLM environment: run scripts/install --vllm")
 @pytest.mark.parametrize("sig", SIGNALS)
 def test_serve_leaves_no_engine_process_after_a_signal(sig: signal.Signals, offline_model: Path,
                                                       tmp_path: Path) -> None:
