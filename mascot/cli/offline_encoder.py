@@ -4,8 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from rich.progress import BarColumn, Progress, TaskID, TaskProgressColumn, TextColumn, TimeElapsedColumn
-
+from mascot.cli.offline_model import with_stage_bars
 from mascot.cli.options import err, out
 from mascot.offline_encoder import SOURCE, build_offline_encoder, is_offline_encoder, offline_encoder_folder
 
@@ -26,17 +25,7 @@ def _offline_encoder(args: argparse.Namespace) -> int:
     if is_offline_encoder(folder):
         err.print(f"offline encoder already in {folder}", markup=False)
     else:
-        progress = Progress(TextColumn("{task.description:8}"), BarColumn(), TaskProgressColumn(),
-                            TimeElapsedColumn(), console=err)
-        tasks: dict[str, TaskID] = {}
-
-        def show(stage: str, completed: int, total: int) -> None:
-            if stage not in tasks:
-                tasks[stage] = progress.add_task(stage, total=total)
-            progress.update(tasks[stage], completed=completed, total=total)
-
-        with progress:
-            folder = build_offline_encoder(folder, on_progress=show)
+        folder = with_stage_bars(lambda show: build_offline_encoder(folder, on_progress=show))
         err.print(f"offline encoder ({SOURCE.upstream}) written to {folder}", markup=False)
     out.print(str(folder), markup=False)  # stdout holds only the folder: $(mascot offline-encoder)
     return 0

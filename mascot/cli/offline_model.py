@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import argparse
 import shlex
+from collections.abc import Callable
+from typing import TypeVar
 
 from rich.progress import BarColumn, Progress, TaskID, TaskProgressColumn, TextColumn, TimeElapsedColumn
 
@@ -17,6 +19,8 @@ from mascot.offline_model import (
     is_offline_model,
 )
 from mascot.trained import shipped_run, write_trained_policies
+
+T = TypeVar("T")
 
 
 def add_commands(commands: argparse._SubParsersAction) -> None:
@@ -41,17 +45,8 @@ def _offline_model(args: argparse.Namespace) -> int:
     if is_offline_model(args.out, dtype=args.dtype, model=args.model):
         out.print(f"offline model already in {args.out} ({args.dtype})", markup=False)
     else:
-        progress = Progress(TextColumn("{task.description:8}"), BarColumn(), TaskProgressColumn(),
-                            TimeElapsedColumn(), console=err)
-        tasks: dict[str, TaskID] = {}
-
-        def show(stage: str, completed: int, total: int) -> None:
-            if stage not in tasks:
-                tasks[stage] = progress.add_task(stage, total=total)
-            progress.update(tasks[stage], completed=completed, total=total)
-
-        with progress:
-            build_offline_model(args.out, dtype=args.dtype, cache=args.cache, on_progress=show, model=args.model)
+        with_stage_bars(lambda show: build_offline_model(args.out, dtype=args.dtype, cache=args.cache,
+                                                         on_progress=show, model=args.model))
         out.print(f"offline model ({upstream}, {args.dtype}) written to {args.out}", markup=False)
     untrained = f'mascot chat --roster emotional_support --model {shlex.quote(args.out)} --message "..."'
     policies = write_trained_policies(args.out, args.model)
@@ -65,3 +60,18 @@ def _offline_model(args: argparse.Namespace) -> int:
               f'--message "..."', markup=False)
     out.print(f"untrained: {untrained}", markup=False)
     return 0
+
+
+def with_stage_bars(build: Callable[[Callable[[str, int, int], None]], T]) -> T:
+    """Run ``build(on_progress)`` with one progress bar per stage (download, join, ...) on stderr."""
+    progress = Progress(TextColumn("{task.description:8}"), BarColumn(), TaskProgressColumn(), TimeElapsedColumn(),
+                        console=err)
+    tasks: dict[str, TaskID] = {}
+
+    def show(stage: str, completed: int, total: int) -> None:
+        if stage not in tasks:
+            tasks[stage] = progress.add_task(stage, total=total)
+        progress.update(tasks[stage], completed=completed, total=total)
+
+    with progress:
+        return build(show)
