@@ -232,7 +232,7 @@ class SafetyDetector:
         ``min_similarity`` similar to one of the rule's triggers."""
         head = self.head()
         vector = self._vector(text)
-        probabilities = _softmax(vector[None, :] @ head.weights + head.bias)[0]
+        probabilities = self.probabilities(text)
         index = int(probabilities[1:].argmax())
         if probabilities[1 + index] < threshold:
             return None
