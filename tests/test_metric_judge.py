@@ -10,7 +10,7 @@ import pytest
 
 from mascot.cli import main
 from mascot.rosters import Roster, load_roster
-from mascot.training.data.pairs import JudgedCandidate
+from mascot.training.judging.judgement import JudgedCandidate
 from mascot.training.evaluation.metrics import LexicalEmbedder
 from mascot.training.judging import metric_judge
 from mascot.training.judging.judge_sanity import load_sanity_set, metric_sanity

@@ -8,12 +8,12 @@ from pathlib import Path
 import pytest
 
 from mascot.training.data.pairs import (
-    JudgedCandidate,
     PairsError,
     build_pairs,
     read_pairs,
     write_pairs,
 )
+from mascot.training.judging.judgement import JudgedCandidate
 
 PROMPT = [
     {"role": "system", "content": "You are Anchor, the emotional validator."},

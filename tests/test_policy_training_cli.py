@@ -18,7 +18,8 @@ from mascot.graphs import create_director_graph
 from mascot.policies import Policies
 from mascot.rosters import load_roster, load_scenarios
 from mascot.training.data.candidates import Candidate, candidate_contexts
-from mascot.training.data.pairs import JudgedCandidate, build_pairs, write_pairs
+from mascot.training.data.pairs import build_pairs, write_pairs
+from mascot.training.judging.judgement import JudgedCandidate
 from mascot.training.episodes.episode import TurnPolicy, read_episodes
 from mascot.training.episodes.rollout import collect_episodes
 

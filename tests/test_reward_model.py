@@ -12,7 +12,8 @@ import torch
 from transformers import TrainerCallback
 
 from mascot.policies.local import LocalModelError
-from mascot.training.data.pairs import JudgedCandidate, build_pairs
+from mascot.training.data.pairs import build_pairs
+from mascot.training.judging.judgement import JudgedCandidate
 from mascot.training.fitting.reward_model import (
     RewardModel,
     RewardModelConfig,

@@ -11,7 +11,8 @@ import yaml
 from safetensors.torch import load_file
 
 from mascot.training.data.candidates import Candidate
-from mascot.training.data.pairs import JudgedCandidate, build_pairs, write_pairs
+from mascot.training.data.pairs import build_pairs, write_pairs
+from mascot.training.judging.judgement import JudgedCandidate
 from mascot.training.data.sibling_blocks import BlockCandidate, read_block_candidates
 from mascot.training.fitting.warm_start import WarmStartError, director_rows, speaker_rows
 from tests.test_policy_training_cli import ROSTER, _candidate_rows, mascot

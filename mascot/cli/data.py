@@ -187,7 +187,8 @@ def _unit_interval(text: str) -> float:
 
 
 def _pairs(args: argparse.Namespace) -> int:
-    from mascot.training.data.pairs import JudgedCandidate, build_pairs, write_pairs
+    from mascot.training.data.pairs import build_pairs, write_pairs
+    from mascot.training.judging.judgement import JudgedCandidate
     from mascot.training.jsonl import read_jsonl
 
     source = Path(args.source)

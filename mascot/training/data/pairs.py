@@ -20,11 +20,12 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from itertools import combinations
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
 from mascot.training.jsonl import JsonlError, read_records, rewrite_jsonl
+from mascot.training.judging.judgement import JudgedCandidate, Message
 
 logger = logging.getLogger(__name__)
 
@@ -39,40 +40,6 @@ _EPSILON = 1e-9  # a 12.5-point gap computed from means must still count as 0.5
 
 class PairsError(ValueError):
     """Preference pairs cannot be built, written or read; the message is one line."""
-
-
-class Message(BaseModel):
-    """One OpenAI chat message of a prompt (other keys, such as ``name``, are kept)."""
-
-    model_config = ConfigDict(extra="allow")
-
-    role: Literal["system", "user", "assistant"]
-    content: str
-
-
-class JudgedCandidate(BaseModel):
-    """One candidate reply to a context, with its judged score.
-
-    Attributes:
-        context_id: The context the reply answers; candidates of one context share it,
-            and they must share ``prompt`` and ``persona`` too.
-        prompt: The prompt as the speaker saw it (OpenAI chat messages: the persona's
-            system prompt and the conversation so far).
-        persona: The persona id of the speaker.
-        reply: The candidate reply text.
-        overall: The judged overall score on 0-100, or ``None`` when the judgement failed.
-        judgement: Provenance of the score (judge model, rubric id and version, criterion
-            scores, cache key, ...); copied into the pairs as is.
-    """
-
-    model_config = ConfigDict(extra="forbid")
-
-    context_id: str = Field(min_length=1)
-    prompt: list[Message] = Field(min_length=1)
-    persona: str = Field(min_length=1)
-    reply: str
-    overall: float | None = Field(default=None, ge=0.0, le=100.0)
-    judgement: dict[str, Any] = Field(default_factory=dict)
 
 
 class PreferencePair(BaseModel):

@@ -43,7 +43,7 @@ from mascot.graphs.prompts import speaker_messages
 from mascot.messages import langchain_message, openai_messages
 from mascot.rosters import Roster
 from mascot.rosters.yaml_file import YamlFileError, read_yaml
-from mascot.training.data.pairs import JudgedCandidate
+from mascot.training.judging.judgement import JudgedCandidate
 from mascot.training.evaluation.metrics import Embedder, default_embedder
 from mascot.training.jsonl import record_error
 from mascot.training.judging.judge import Judge

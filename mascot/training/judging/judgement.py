@@ -1,4 +1,5 @@
-"""Judgements: reading a judge's answer into scores, the record on disk, and its cache.
+"""Judgements: reading a judge's answer into scores, the record on disk, and its cache; and
+the judged candidate reply that ``mascot pairs`` and the metric judge read.
 
 The overall score of a judgement is the plain mean of its criterion scores (1..5) mapped to
 0-100: ``overall = (mean - 1) / 4 * 100``.
@@ -27,6 +28,40 @@ logger = logging.getLogger(__name__)
 
 class JudgeOutputError(ValueError):
     """A judge model's answer that cannot be used; the message says why."""
+
+
+class Message(BaseModel):
+    """One OpenAI chat message of a prompt (other keys, such as ``name``, are kept)."""
+
+    model_config = ConfigDict(extra="allow")
+
+    role: Literal["system", "user", "assistant"]
+    content: str
+
+
+class JudgedCandidate(BaseModel):
+    """One candidate reply to a context, with its judged score.
+
+    Attributes:
+        context_id: The context the reply answers; candidates of one context share it,
+            and they must share ``prompt`` and ``persona`` too.
+        prompt: The prompt as the speaker saw it (OpenAI chat messages: the persona's
+            system prompt and the conversation so far).
+        persona: The persona id of the speaker.
+        reply: The candidate reply text.
+        overall: The judged overall score on 0-100, or ``None`` when the judgement failed.
+        judgement: Provenance of the score (judge model, rubric id and version, criterion
+            scores, cache key, ...); copied into the pairs as is.
+    """
+
+    model_config = ConfigDict(extra="forbid")
+
+    context_id: str = Field(min_length=1)
+    prompt: list[Message] = Field(min_length=1)
+    persona: str = Field(min_length=1)
+    reply: str
+    overall: float | None = Field(default=None, ge=0.0, le=100.0)
+    judgement: dict[str, Any] = Field(default_factory=dict)
 
 
 class Judgement(BaseModel):

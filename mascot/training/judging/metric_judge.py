@@ -58,7 +58,7 @@ from collections.abc import Sequence
 from mascot.graphs.reply import echoes, speaker_labels, strip_cues
 from mascot.graphs.reply_faults import reply_fault
 from mascot.rosters import USER, Persona, Roster
-from mascot.training.data.pairs import JudgedCandidate
+from mascot.training.judging.judgement import JudgedCandidate
 
 # the persona descriptions persona identifiability embeds, and its cosine
 from mascot.training.evaluation.metrics import Embedder, Vector, _cosine, _describe, default_embedder
