@@ -39,11 +39,12 @@ import httpx
 import openai
 import torch
 
+from mascot.embeddings import default_embedder
 from mascot.policies.serving import ServedPolicies
 from mascot.policies.vllm_engine import VllmServer
 from mascot.rosters import load_roster
 from mascot.training.episodes.episode import read_episodes
-from mascot.training.evaluation.metrics import default_embedder, redundancy
+from mascot.training.measures import redundancy
 
 MASCOT = str(Path(sys.executable).parent / "mascot")
 PROMPT = "Write a short story about a lighthouse keeper who finds a message in a bottle."

@@ -36,11 +36,12 @@ from typing import Any
 import torch
 from langchain_core.messages import AIMessage, HumanMessage
 
+from mascot.embeddings import default_embedder
 from mascot.graphs import create_director_graph, openai_messages
 from mascot.policies import Policies, PolicySpec
 from mascot.policies.local import LocalBackend
 from mascot.rosters import load_roster, load_scenarios
-from mascot.training.evaluation.metrics import default_embedder, redundancy
+from mascot.training.measures import redundancy
 
 HAND_BACK = "turn limit of the round reached"
 

@@ -10,10 +10,10 @@ import pytest
 from fakes import PromptChat, director_fake, speaker_fake
 from transformers import TrainerCallback
 
+from mascot.embeddings import LexicalEmbedder
 from mascot.graphs.state import round_speakers
 from mascot.rosters import Roster
 from mascot.training.data.block_rollout import BlockRollout, decision_points
-from mascot.training.evaluation.metrics import LexicalEmbedder
 from mascot.training.fitting.director_training import (
     EMPTY_BLOCK_REWARD,
     DirectorRewards,

@@ -9,17 +9,18 @@ from pathlib import Path
 import pytest
 
 from mascot.cli import main
+from mascot.embeddings import LexicalEmbedder
 from mascot.rosters import Roster, load_roster
-from mascot.training.judging.judgement import JudgedCandidate
-from mascot.training.evaluation.metrics import LexicalEmbedder
 from mascot.training.judging import metric_judge
 from mascot.training.judging.judge_sanity import load_sanity_set, metric_sanity
+from mascot.training.judging.judgement import JudgedCandidate
 from mascot.training.judging.metric_judge import (
     combine_overall,
     metric_overall,
     metric_overalls,
     with_metric_overall,
 )
+from mascot.training.measures import cosine, describe_persona
 
 LEXICAL = LexicalEmbedder()
 
@@ -194,9 +195,9 @@ def test_speaking_first_earns_no_novelty(roster: Roster) -> None:
     scores = metric_judge._Reply(good, roster)
     assert not scores.others
     vectors = dict(zip(scores.texts, LEXICAL.encode(scores.texts), strict=True))
-    described = dict(zip(roster.persona_ids, LEXICAL.encode([metric_judge._describe(p) for p in roster.personas]),
+    described = dict(zip(roster.persona_ids, LEXICAL.encode([describe_persona(p) for p in roster.personas]),
                          strict=True))
     terms = {"format": (scores.format + 1) / 2, "substance": metric_judge._substance(good.reply),
              "persona_fit": metric_judge._persona_fit(good.reply, vectors[good.reply], "anchor", described),
-             "relevance": max(0.0, metric_judge._cosine(vectors[good.reply], vectors[scores.person]))}
+             "relevance": max(0.0, cosine(vectors[good.reply], vectors[scores.person]))}
     assert metric_overall(good, roster, LEXICAL) == pytest.approx(25.0 * sum(terms.values()))

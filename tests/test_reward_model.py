@@ -13,7 +13,6 @@ from transformers import TrainerCallback
 
 from mascot.policies.local import LocalModelError
 from mascot.training.data.pairs import build_pairs
-from mascot.training.judging.judgement import JudgedCandidate
 from mascot.training.fitting.reward_model import (
     RewardModel,
     RewardModelConfig,
@@ -22,6 +21,7 @@ from mascot.training.fitting.reward_model import (
     render_block,
     train_reward_model,
 )
+from mascot.training.judging.judgement import JudgedCandidate
 
 WORDS = ("I hear you that sounds hard what would help most right now let us plan one small step "
          "the meeting agreed to ship on friday budget owners risks timeline").split()

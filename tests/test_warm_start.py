@@ -12,9 +12,9 @@ from safetensors.torch import load_file
 
 from mascot.training.data.candidates import Candidate
 from mascot.training.data.pairs import build_pairs, write_pairs
-from mascot.training.judging.judgement import JudgedCandidate
 from mascot.training.data.sibling_blocks import BlockCandidate, read_block_candidates
 from mascot.training.fitting.warm_start import WarmStartError, director_rows, speaker_rows
+from mascot.training.judging.judgement import JudgedCandidate
 from tests.test_policy_training_cli import ROSTER, _candidate_rows, mascot
 
 

