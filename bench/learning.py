@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import shutil
 import sys
 import time
@@ -120,8 +121,9 @@ def main() -> int:
     results["minutes_total"] = round(sum(timings.values()) / 60, 1)
     write_docs(work, docs, results)
     print(f"learning: report {docs / 'report.md'} ({results['minutes_total']} min)")
-    if not args.quick and docs == ROOT / "docs" / "learning" and write_readme(ROOT / "README.md", docs, results):
-        print("learning: README.md's learning-run section rewritten from this run")
+    if not args.quick and docs == ROOT / "docs" / "learning":
+        for page in write_pages([ROOT / "README.md", ROOT / "docs" / "evaluation.md"], docs, results):
+            print(f"learning: {page.relative_to(ROOT)} rewritten from this run")
     if not args.quick:
         ship_adapters(work, model, results)
     return 0
@@ -533,7 +535,7 @@ def write_docs(work: Path, docs: Path, results: dict[str, Any]) -> None:
     (docs / "report.md").write_text(_report(results, plots), encoding="utf-8")
 
 
-#: The README's section that ``write_readme`` fills from a run (between these lines).
+#: The results page's section that ``write_pages`` fills from a run (between these lines).
 README_START, README_END = "<!-- learning-run: start -->", "<!-- learning-run: end -->"
 #: The README's first command's output: the trained ensemble on the README message (seed 0).
 MESSAGE_START, MESSAGE_END = "<!-- readme-message: start -->", "<!-- readme-message: end -->"
@@ -547,17 +549,38 @@ README_ROWS = {"multi_voice_rounds": "rounds with 2+ voices, %", "voices_per_rou
                "reply_words": "words per reply", "echo_rate": "replies echoing, %"}
 
 
-def write_readme(readme: Path, docs: Path, results: dict[str, Any]) -> bool:
-    """Fill the README's learning-run section (between ``README_START`` and ``README_END``)
-    from a run: the table trained vs untrained (and the other systems), the targets met and
-    missed, the plots, one held-out round of each ensemble verbatim. Returns whether the
-    README has the section."""
-    text = readme.read_text(encoding="utf-8")
-    if README_START not in text or README_END not in text:
+def write_pages(pages: list[Path], docs: Path, results: dict[str, Any]) -> list[Path]:
+    """Fill each page's marked sections from a run, and return the pages rewritten: the
+    learning-run section (between ``README_START`` and ``README_END``: the table trained vs
+    untrained and the other systems, the targets met and missed, the plots, one held-out
+    round of each ensemble verbatim) and the first command's output (between
+    ``MESSAGE_START`` and ``MESSAGE_END``)."""
+    return [page for page in pages if _write_page(page, docs, results)]
+
+
+def _write_page(page: Path, docs: Path, results: dict[str, Any]) -> bool:
+    text = original = page.read_text(encoding="utf-8")
+    if README_START in text and README_END in text:
+        text = _learning_section(text, page, docs, results)
+    played = (results.get("readme_message") or {}).get("trained") or []
+    if played and MESSAGE_START in text and MESSAGE_END in text:  # the first command's output
+        shown = [MESSAGE_START, "```text"]
+        for turn in played[0]["turns"]:
+            shown += [f"» {turn['speaker']}: {turn['action']} (tone: {turn['tone']})", f"[{turn['speaker']}] {turn['text']}"]
+        shown += ["```", MESSAGE_END]
+        start, end = text.index(MESSAGE_START), text.index(MESSAGE_END) + len(MESSAGE_END)
+        text = text[:start] + "\n".join(shown) + text[end:]
+    if text == original:
         return False
+    page.write_text(text, encoding="utf-8")
+    return True
+
+
+def _learning_section(text: str, page: Path, docs: Path, results: dict[str, Any]) -> str:
+    """``text`` with its learning-run section written from a run; links relative to ``page``."""
     c, systems = results["comparisons"], [s for s in ("untrained", "sft", "trained", "round_robin")
                                           if s in results["systems"]]
-    rel = Path(docs).relative_to(ROOT) if Path(docs).is_relative_to(ROOT) else Path(docs)
+    rel = Path(os.path.relpath(Path(docs).resolve(), page.resolve().parent)).as_posix()
 
     def f(value: Any) -> str:
         return "-" if value is None else f"{value:.2f}" if isinstance(value, float) else str(value)
@@ -590,17 +613,7 @@ def write_readme(readme: Path, docs: Path, results: dict[str, Any]) -> bool:
             lines += [line for turn in turns for line in turn.splitlines()] + ["```", ""]
     lines.append(README_END)
     start, end = text.index(README_START), text.index(README_END) + len(README_END)
-    text = text[:start] + "\n".join(lines) + text[end:]
-    played = (results.get("readme_message") or {}).get("trained") or []
-    if played and MESSAGE_START in text and MESSAGE_END in text:  # the first command's output
-        shown = [MESSAGE_START, "```text"]
-        for turn in played[0]["turns"]:
-            shown += [f"» {turn['speaker']}: {turn['action']} (tone: {turn['tone']})", f"[{turn['speaker']}] {turn['text']}"]
-        shown += ["```", MESSAGE_END]
-        start, end = text.index(MESSAGE_START), text.index(MESSAGE_END) + len(MESSAGE_END)
-        text = text[:start] + "\n".join(shown) + text[end:]
-    readme.write_text(text, encoding="utf-8")
-    return True
+    return text[:start] + "\n".join(lines) + text[end:]
 
 
 def _first_round(docs: Path, systems: tuple[str, ...]) -> dict[str, Any] | None:

@@ -32,6 +32,7 @@ def add_commands(commands: argparse._SubParsersAction) -> None:
     graph = commands.add_parser("graph", help="print the mermaid diagram of a graph")
     graph.add_argument("--roster", required=True, metavar="ID_OR_PATH")
     graph.add_argument("--baseline", choices=BASELINES, help="draw a baseline instead")
+    graph.add_argument("--plain", action="store_true", help="without colours and curve settings (shorter)")
     graph.set_defaults(run=_graph)
 
     chat = commands.add_parser("chat", help="a directed conversation in the terminal")
@@ -61,7 +62,7 @@ def _graph(args: argparse.Namespace) -> int:
         builder = create_baseline_graph(args.baseline, roster, speakers=drawing_only, user="human")
     else:
         builder = create_director_graph(roster, director=drawing_only, speakers=drawing_only, user="human")
-    out.print(builder.compile().get_graph().draw_mermaid(), markup=False)
+    out.print(builder.compile().get_graph().draw_mermaid(with_styles=not args.plain), markup=False)
     return 0
 
 

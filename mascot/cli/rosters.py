@@ -50,7 +50,7 @@ def add_commands(commands: argparse._SubParsersAction) -> None:
     heads.set_defaults(run=_rosters_safety_heads)
     schema = roster_commands.add_parser("schema", help="print the roster schema reference (Markdown)")
     schema.add_argument("--write", metavar="FILE",
-                        help="replace the reference between the roster-schema markers in FILE (the README)")
+                        help="replace the reference between the roster-schema markers in FILE (docs/rosters.md)")
     schema.set_defaults(run=_rosters_schema)
 
 

@@ -1,6 +1,6 @@
 """Pydantic models of a roster: personas, director guidance, user profiles, scenarios.
 
-Every field carries a ``description``: the README's schema reference and the commented
+Every field carries a ``description``: the schema reference (docs/rosters.md) and the commented
 ``roster.yaml`` that ``mascot rosters new`` writes are generated from them.
 """
 
@@ -222,7 +222,7 @@ class Roster(_Strict):
                                              description="The people the user simulator plays; ids unique.")
     safety: list[SafetyRule] = Field(default_factory=list, max_length=20,
                                      description="Crisis rules the graph enforces whatever the Director writes "
-                                                 "(see the README's Safety section); names unique, every id a "
+                                                 "(see docs/safety.md); names unique, every id a "
                                                  "persona of the roster, no voice both routed and forbidden.")
 
     # field validators, not one model validator: they run even when another field is

@@ -1,7 +1,7 @@
 """The roster schema reference: Markdown tables generated from the pydantic models.
 
-The README's "Rosters" section holds this text between ``START`` and ``END``; a test keeps
-the two equal (``mascot rosters schema --write README.md`` regenerates it), so the
+``docs/rosters.md`` holds this text between ``START`` and ``END``; a test keeps
+the two equal (``mascot rosters schema --write docs/rosters.md`` regenerates it), so the
 reference cannot fall behind the models.
 """
 
