@@ -70,8 +70,8 @@ from mascot.testing.tiny_model import build_tiny_model
 from mascot.training.episodes.episode import read_episodes
 from mascot.training.fitting.recipe import recipe_path
 from mascot.training.fitting.reward_model import RewardModel, train_reward_model
-from mascot.training.fitting.rewards import RewardFunction, roster_format_reward
 from mascot.training.fitting.speaker_training import SpeakerTrainingConfig, speaker_prompts, train_speaker
+from mascot.training.rewards import RewardFunction, roster_format_reward
 
 ROSTER = "emotional_support"
 PERSONA = "anchor"

@@ -1,13 +1,13 @@
-"""Every reward reads a TRL completion's text the same way (fitting.rewards.completion_text)."""
+"""Every reward reads a TRL completion's text the same way (mascot.training.rewards.completion_text)."""
 
 from __future__ import annotations
 
 import ast
 from pathlib import Path
 
-from mascot.training.fitting.rewards import completion_text
+from mascot.training.rewards import completion_text
 
-FITTING = Path(__file__).resolve().parents[1] / "mascot" / "training" / "fitting"
+TRAINING = Path(__file__).resolve().parents[1] / "mascot" / "training"
 
 
 def test_plain_and_conversational_completions() -> None:
@@ -20,7 +20,7 @@ def test_plain_and_conversational_completions() -> None:
 
 def test_no_trainer_reads_completions_its_own_way() -> None:
     joins = []
-    for path in FITTING.glob("*.py"):
+    for path in [*(TRAINING / "fitting").glob("*.py"), TRAINING / "rewards.py"]:
         for node in ast.walk(ast.parse(path.read_text())):
             if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "join":
                 if "['content']" in ast.unparse(node):

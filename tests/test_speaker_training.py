@@ -14,12 +14,12 @@ from transformers import TrainerCallback
 
 from mascot.policies.local import LocalBackend
 from mascot.rosters import Roster
-from mascot.training.fitting.rewards import format_reward, roster_format_reward, weighted_rewards
 from mascot.training.fitting.speaker_training import (
     SpeakerTrainingConfig,
     speaker_prompts,
     train_speaker,
 )
+from mascot.training.rewards import format_reward, roster_format_reward, weighted_rewards
 
 FAST = {
     "lora_r": 8,
@@ -279,7 +279,7 @@ def test_interrupted_training_resumes_from_its_checkpoint(tiny_model: Path, rost
 
 
 def test_round_redundancy_penalises_echoing_the_round(roster: Roster, episodes: list) -> None:
-    from mascot.training.fitting.speaker_training import round_redundancy_reward
+    from mascot.training.rewards import round_redundancy_reward
 
     dataset = speaker_prompts(episodes, roster, None)
     row = next(r for r in dataset if r["round_turns"])

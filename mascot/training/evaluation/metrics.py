@@ -16,7 +16,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from mascot.embeddings import Embedder, Vector, default_embedder
 from mascot.training.measures import cosine, describe_persona, distinct_n, max_earlier, speaker_balance
@@ -26,9 +26,6 @@ if TYPE_CHECKING:
     from mascot.training.episodes.episode import Episode
 
 logger = logging.getLogger(__name__)
-
-#: A TRL prompt or completion: plain text, or conversational ``{role, content}`` messages.
-Sample = str | Sequence[dict[str, Any]]
 
 
 def _persona_turns(episode: Episode) -> list[tuple[int, str, str]]:
@@ -165,62 +162,3 @@ def episode_metrics(episode: Episode, roster: Roster, embedder: Embedder | None 
         "speaker_balance": balance,
         "persona_identifiability": _identify(speakers, vectors, roster.persona_ids).accuracy,
     }
-
-
-def _assistant_texts(messages: Sequence[dict[str, Any]]) -> list[str]:
-    texts = [m["content"] for m in messages if m["role"] == "assistant"]
-    bad = [type(t).__name__ for t in texts if not isinstance(t, str)]
-    if bad:
-        raise TypeError(f"message content must be a string, got {bad[0]}")
-    return texts
-
-
-def _text(completion: Sample) -> str:
-    return completion if isinstance(completion, str) else "\n".join(_assistant_texts(completion))
-
-
-def redundancy_penalty_reward(
-    prompts: Sequence[Sample], completions: Sequence[Sample], *, embedder: Embedder | None = None, **kwargs: Any
-) -> list[float | None]:
-    """TRL reward: minus the completion's highest similarity to an earlier assistant turn.
-
-    Range [-1, 1], higher is better (in practice [-1, 0]): -1.0 for a verbatim repeat,
-    0.0 when the prompt holds no assistant turn.
-
-    Args:
-        prompts: Conversational (every assistant message is an earlier turn) or plain
-            strings (the whole prompt is one earlier turn, so echoing it is penalised too).
-        completions: Conversational (assistant contents joined) or plain strings.
-        embedder: Defaults to :func:`default_embedder`.
-        **kwargs: Other columns TRL passes; ignored.
-
-    Returns:
-        One reward per completion.
-
-    Raises:
-        ValueError: if prompts and completions differ in length.
-        TypeError: if a message's content is not a string.
-    """
-    if len(prompts) != len(completions):
-        raise ValueError(f"{len(prompts)} prompts but {len(completions)} completions")
-    earlier = [[p] if isinstance(p, str) else _assistant_texts(p) for p in prompts]
-    texts = [_text(c) for c in completions]
-    vectors = (embedder or default_embedder()).encode(texts + [t for ts in earlier for t in ts])
-    rewards: list[float | None] = []
-    start = len(texts)  # earlier turns follow the completions, prompt by prompt
-    for vector, turns in zip(vectors, earlier, strict=False):
-        rewards.append(-max((cosine(vector, v) for v in vectors[start : start + len(turns)]), default=0.0))
-        start += len(turns)
-    return rewards
-
-
-def distinct_reward(prompts: Sequence[Sample], completions: Sequence[Sample], **kwargs: Any) -> list[float | None]:
-    """TRL reward: distinct-2 of each completion on its own (prompts are unused).
-
-    Range [0, 1], higher is better (fewer repeated word pairs); 0.0 under two words. Short
-    completions score 1.0 easily: pair it with a reward that values content.
-
-    Returns:
-        One reward per completion (conversational or plain-string completions).
-    """
-    return [distinct_n([_text(c)], 2) for c in completions]

@@ -3,7 +3,7 @@
 ``train_reward_model`` fits one on preference pairs (TRL's ``RewardTrainer``, Bradley-Terry
 loss), measures held-out pairwise accuracy before and after, and saves the adapter, the
 head and the tokenizer with the adapter card every trainer writes (``lora_run``). ``RewardModel`` loads it back and scores replies;
-``RewardModel.reward_function`` gives a reward function in TRL's GRPO protocol.
+``RewardModel.reward_function`` gives a reward function in TRL's GRPO protocol (``rewards.model_reward``).
 
 A sequence is scored exactly as TRL tokenizes it for training: conversational pairs are the
 chat template over ``prompt + chosen`` (no generation prompt), rendered with the variables
@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar
@@ -33,6 +33,7 @@ from mascot.training.fitting.adapter_folder import CARD_FILE, FORMAT_VERSION
 from mascot.training.fitting.lora_run import fit_lora, load_base_model
 from mascot.training.fitting.recipe import LoraRecipe
 from mascot.training.judging.targets import render_block
+from mascot.training.rewards import RewardFunction, model_reward
 
 logger = logging.getLogger(__name__)
 
@@ -347,15 +348,11 @@ class RewardModel:
         rewards = self.score(prompts * 2, [row["chosen"] for row in rows] + [row["rejected"] for row in rows])
         return sum(c > r for c, r in zip(rewards[: len(rows)], rewards[len(rows) :], strict=True)) / len(rows)
 
-    def reward_function(self, name: str = "reward_model") -> Callable[..., list[float | None]]:
+    def reward_function(self, name: str = "reward_model") -> RewardFunction:
         """A reward function in TRL's GRPO protocol, ``(prompts, completions, **kwargs)``,
-        named ``name`` (TRL logs the reward under its ``__name__``)."""
-
-        def reward(prompts: Sequence[Prompt], completions: Sequence[Completion], **kwargs: Any) -> list[float | None]:
-            return list(self.score(prompts, completions))  # kwargs: TRL's extra columns, unused
-
-        reward.__name__ = reward.__qualname__ = name
-        return reward
+        named ``name`` (TRL logs the reward under its ``__name__``): ``rewards.model_reward``
+        of this model."""
+        return model_reward(self, name)
 
     def _encode(self, prompt: Prompt, reply: Completion) -> list[int]:
         """Token ids of one sequence, as TRL's RewardTrainer tokenizes it."""

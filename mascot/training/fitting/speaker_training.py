@@ -20,7 +20,6 @@ from datasets import Dataset
 from transformers import TrainerCallback
 from trl import GRPOConfig, GRPOTrainer
 
-from mascot.embeddings import default_embedder
 from mascot.messages import chat_messages
 from mascot.policies.thinking import chat_template_kwargs
 from mascot.rosters import Roster
@@ -29,8 +28,8 @@ from mascot.training.episodes.episode import Episode
 from mascot.training.fitting.adapter_folder import adapter_target
 from mascot.training.fitting.lora_run import LoraRun, fit_lora
 from mascot.training.fitting.recipe import LoraRecipe
-from mascot.training.fitting.rewards import RewardFunction, completion_text, roster_format_reward, weighted_rewards
-from mascot.training.measures import redundancy, round_persona_turns
+from mascot.training.measures import round_persona_turns
+from mascot.training.rewards import RewardFunction, roster_format_reward, round_redundancy_reward, weighted_rewards
 
 
 class SpeakerTrainingError(ValueError):
@@ -112,19 +111,6 @@ class SpeakerReport:
     reward_first: float | None
     reward_last: float | None
     seconds: float
-
-
-def round_redundancy_reward(prompts: Sequence[Any], completions: Sequence[Any], *, round_turns: Sequence[list[str]],
-                            **kwargs: Any) -> list[float | None]:
-    """TRL reward, the anti-sycophancy term: minus the reply's highest similarity to the
-    other voices' turns earlier in its round (``round_turns``, a column of
-    ``speaker_prompts``). Range [-1, 0] in practice. ``None`` (not scored: TRL leaves the
-    term out of that row) for the round's first voice, which has nobody to repeat: a
-    reply must not earn the term's best value by speaking first or alone."""
-    embedder = default_embedder()
-    texts = [completion_text(c) for c in completions]
-    return [redundancy([*earlier, text], embedder=embedder)[-1] * -1.0 if earlier else None
-            for text, earlier in zip(texts, round_turns, strict=True)]
 
 
 def speaker_prompts(episodes: Sequence[Episode], roster: Roster, persona: str | None) -> Dataset:

@@ -37,7 +37,7 @@ A **group block** (persona ``group``; the reply is ``id: text`` paragraphs, as
 
 - voices: distinct persona speakers / persona turns (one voice three times: 1/3).
 - novelty: ``1 -`` the mean over the turns after the first of ``max(0, highest cosine to an
-  earlier turn of the block)`` (the block's ``metrics.redundancy``).
+  earlier turn of the block)`` (the block's ``measures.redundancy``).
 - persona_fit, substance: the persona turns' mean of the reply terms above.
 - relevance: the persona turns' mean ``max(0, cosine to the person's latest message)`` of the
   block's prefix (0 without one): three fluent voices on another problem are no answer.
@@ -47,7 +47,7 @@ A **group block** (persona ``group``; the reply is ``id: text`` paragraphs, as
 A turn is **cue-like** when it holds a copied ``(Director ...)`` cue, narrates its own
 speaker in the third person (``The Catalyst gently questions ...``), or speaks of "the
 person" or "the user" as the Director does, and never to them ("you"). Cosines use the embedder
-passed, else ``metrics.default_embedder()`` (all-MiniLM-L6-v2, or the lexical fallback).
+passed, else ``default_embedder()`` (all-MiniLM-L6-v2, or the lexical fallback).
 """
 
 from __future__ import annotations
@@ -59,9 +59,9 @@ from mascot.embeddings import Embedder, Vector, default_embedder
 from mascot.graphs.reply import echoes, speaker_labels, strip_cues
 from mascot.graphs.reply_faults import reply_fault
 from mascot.rosters import USER, Persona, Roster
-from mascot.training.fitting.rewards import roster_format_reward
 from mascot.training.judging.judgement import JudgedCandidate
 from mascot.training.measures import cosine, describe_persona  # as persona identifiability embeds and compares
+from mascot.training.rewards import roster_format_reward
 
 #: Weight of the metric judge in the labels when the LLM judge failed its sanity set (alone).
 SANITY_FALLBACK_WEIGHT = 1.0
@@ -220,7 +220,7 @@ def metric_overalls(
         records: Judged candidates: persona replies (their prompt is a speaker prompt) or
             group blocks (persona ``group``).
         roster: The roster they were played with.
-        embedder: Defaults to ``metrics.default_embedder()``; every distinct text is
+        embedder: Defaults to ``default_embedder()``; every distinct text is
             embedded once.
 
     Returns:
