@@ -39,7 +39,7 @@ import httpx
 import openai
 import torch
 
-from mascot.embeddings import default_embedder
+from mascot.graphs.embeddings import default_embedder
 from mascot.policies.serving import ServedPolicies
 from mascot.policies.vllm_engine import VllmServer
 from mascot.rosters import load_roster

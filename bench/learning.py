@@ -39,8 +39,8 @@ from typing import Any
 import yaml
 
 from mascot.cli.main import stop_on_signals
-from mascot.offline_model import OFFLINE_JUDGE, build_offline_model, built_offline_model
-from mascot.pipeline import run_pipeline
+from mascot.cli.pipeline_run import run_pipeline
+from mascot.offline.model import OFFLINE_JUDGE, build_offline_model, built_offline_model
 from mascot.rosters import load_roster, load_scenarios
 from mascot.training.episodes.episode import Episode, read_episodes
 from mascot.training.evaluation.bootstrap import bootstrap_difference
@@ -132,7 +132,7 @@ def main() -> int:
 def ship_adapters(work: Path, model: Path, results: dict[str, Any]) -> Path | None:
     """The run's adapters into the package (``mascot.trained``), when the policy model is
     the default offline model: ``mascot offline-model`` then writes them beside it."""
-    from mascot.offline_model import DEFAULT_OFFLINE_MODEL, is_offline_model
+    from mascot.offline.model import DEFAULT_OFFLINE_MODEL, is_offline_model
     from mascot.trained import ship
 
     if not is_offline_model(model, model=DEFAULT_OFFLINE_MODEL):

@@ -36,8 +36,8 @@ from typing import Any
 import torch
 from langchain_core.messages import AIMessage, HumanMessage
 
-from mascot.embeddings import default_embedder
 from mascot.graphs import create_director_graph, openai_messages
+from mascot.graphs.embeddings import default_embedder
 from mascot.policies import Policies, PolicySpec
 from mascot.policies.local import LocalBackend
 from mascot.rosters import load_roster, load_scenarios

@@ -31,7 +31,7 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
-from mascot.embeddings import EMBEDDERS, Embedder, Vector, embedder_by_name
+from mascot.graphs.embeddings import EMBEDDERS, Embedder, Vector, embedder_by_name
 from mascot.graphs.safety import SafetyDetector
 from mascot.rosters import list_rosters, load_roster, load_scenarios
 from mascot.rosters.yaml_file import read_yaml

@@ -27,7 +27,7 @@ from pathlib import Path
 from langgraph.graph.state import CompiledStateGraph
 
 from mascot.graphs import create_director_graph
-from mascot.offline_model import default_cache, is_offline_model
+from mascot.offline.model import default_cache, is_offline_model
 from mascot.policies import Policies, PolicyError, PolicySpec
 from mascot.rosters import RosterError, load_roster
 

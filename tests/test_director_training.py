@@ -10,7 +10,7 @@ import pytest
 from fakes import PromptChat, director_fake, speaker_fake
 from transformers import TrainerCallback
 
-from mascot.embeddings import LexicalEmbedder
+from mascot.graphs.embeddings import LexicalEmbedder
 from mascot.graphs.state import round_speakers
 from mascot.rosters import Roster
 from mascot.training.data.block_rollout import BlockRollout, decision_points

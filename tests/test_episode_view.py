@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import re
 
-from mascot.embeddings import LexicalEmbedder
-from mascot.episode_view import episodes_html
+from mascot.graphs.embeddings import LexicalEmbedder
 from mascot.rosters import Roster
+from mascot.training.evaluation.episode_view import episodes_html
 
 
 def test_systems_sharing_episode_ids_are_shown_side_by_side(episodes: list, roster: Roster) -> None:

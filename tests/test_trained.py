@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from mascot.offline_model import DEFAULT_OFFLINE_MODEL
+from mascot.offline.model import DEFAULT_OFFLINE_MODEL
 from mascot.policies.spec import load_policy_specs
 from mascot.rosters import load_roster
 from mascot.trained import ADAPTER_FILES, ROLES, TrainedError, ship, shipped_run, write_trained_policies

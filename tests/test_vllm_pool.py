@@ -151,12 +151,12 @@ class _FakeServer:
 
 def test_the_pipeline_runs_the_servers_each_stage_uses_and_none_while_it_trains(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from mascot import pipeline
+    from mascot.cli import pipeline_run
     from mascot.cli.pipeline import demo_recipe
 
     _FakeServer.started, _FakeServer.stopped, _FakeServer.made = [], [], []
     monkeypatch.setattr(vllm_engine, "VllmServer", _FakeServer)
-    monkeypatch.setattr(pipeline, "check_extras", lambda: None)
+    monkeypatch.setattr(pipeline_run, "check_extras", lambda: None)
     calls: list[tuple[list[str], dict | None, list[str]]] = []
 
     def running() -> list[str]:
@@ -169,14 +169,14 @@ def test_the_pipeline_runs_the_servers_each_stage_uses_and_none_while_it_trains(
         calls.append((argv[3:], kwargs.get("env"), running()))  # type: ignore[arg-type]
         return subprocess.CompletedProcess(argv, 0, "", "")
 
-    monkeypatch.setattr(pipeline.subprocess, "run", run)
+    monkeypatch.setattr(pipeline_run.subprocess, "run", run)
     (tmp_path / "model").mkdir()
     recipe = {**demo_recipe("model", judge_url=None), "engine": "vllm",
               "judge": {"model": "judge/model", "block_turns": 2}}
     recipe["speakers"]["flags"] += ["--lora_r", "32"]
     (tmp_path / "recipe.yaml").write_text(yaml.safe_dump(recipe))
     stages: list[tuple[str, str]] = []
-    pipeline.run_pipeline(tmp_path / "recipe.yaml", on_stage=lambda name, state: stages.append((name, state)))
+    pipeline_run.run_pipeline(tmp_path / "recipe.yaml", on_stage=lambda name, state: stages.append((name, state)))
     model, judge = str(tmp_path / "model"), "judge/model"
     # the policy model's stages, the judge's, training with no server, the Director, eval with both
     assert _FakeServer.started == [model, judge, model, judge]

@@ -13,6 +13,9 @@
 - ``offline_encoder``: offline-encoder
 - ``tiny_model``: tiny-model
 - ``options``: flags and console output shared by the commands
+- ``pipeline_run``: the pipeline recipe and its resumable run, one ``mascot`` child per stage
+- ``rollout_workers``: a rollout as several ``mascot rollout`` shard processes
+- ``child``: the one place that builds a ``mascot`` child process's command line
 """
 
 from mascot.cli.main import main

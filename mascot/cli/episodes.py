@@ -89,8 +89,8 @@ def add_commands(commands: argparse._SubParsersAction) -> None:
 def _rollout(args: argparse.Namespace) -> int:
     from langchain_core.tracers.langchain import wait_for_all_tracers
 
+    from mascot.cli.rollout_workers import EPISODES_MISSING, end_with_parent, run_workers
     from mascot.graphs import create_baseline_graph, create_director_graph
-    from mascot.rollout_workers import EPISODES_MISSING, end_with_parent, run_workers
     from mascot.training.episodes.episode import TurnPolicy, read_episodes
     from mascot.training.episodes.rollout import RolloutStatus, collect_episodes, failures_path, plan_episodes
     from mascot.training.episodes.trace import JsonlTracer

@@ -120,8 +120,8 @@ def _eval(args: argparse.Namespace) -> int:
     header = (f"Roster `{roster.id}`; trained policies `{args.policies}`; base model of every system "
               f"`{base}`; judge `{judge_name}`; {args.episodes} episodes per system (the same scenarios, "
               f"people and seed {args.seed} for all); mean ± sd over episodes, n = episodes behind each cell.")
-    from mascot.episode_view import episodes_html
     from mascot.training.episodes.episode import read_episodes
+    from mascot.training.evaluation.episode_view import episodes_html
     from mascot.training.jsonl import read_jsonl
 
     page = folder / "conversations.html"
@@ -151,8 +151,8 @@ def add_show_command(commands: argparse._SubParsersAction) -> None:
 
 
 def _show(args: argparse.Namespace) -> int:
-    from mascot.episode_view import episodes_html, print_episodes
     from mascot.training.episodes.episode import read_episodes
+    from mascot.training.evaluation.episode_view import episodes_html, print_episodes
     from mascot.training.jsonl import read_jsonl
 
     if not Path(args.episodes).is_file():

@@ -37,8 +37,8 @@ _USER_ERRORS = (
     ("mascot.training.episodes.rollout", "RolloutError"),
     ("mascot.training.judging.rubric", "RubricError"),
     ("mascot.training.data.pairs", "PairsError"),
-    ("mascot.offline_model", "OfflineModelError"),
-    ("mascot.offline_encoder", "OfflineEncoderError"),
+    ("mascot.offline.model", "OfflineModelError"),
+    ("mascot.offline.encoder", "OfflineEncoderError"),
     ("mascot.policies.vllm_engine", "VllmError"),
 )
 

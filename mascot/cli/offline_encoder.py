@@ -6,7 +6,7 @@ import argparse
 
 from mascot.cli.offline_model import with_stage_bars
 from mascot.cli.options import err, out
-from mascot.offline_encoder import SOURCE, build_offline_encoder, is_offline_encoder, offline_encoder_folder
+from mascot.offline.encoder import SOURCE, build_offline_encoder, is_offline_encoder, offline_encoder_folder
 
 
 def add_commands(commands: argparse._SubParsersAction) -> None:

@@ -10,7 +10,7 @@ from typing import TypeVar
 from rich.progress import BarColumn, Progress, TaskID, TaskProgressColumn, TextColumn, TimeElapsedColumn
 
 from mascot.cli.options import err, out
-from mascot.offline_model import (
+from mascot.offline.model import (
     DEFAULT_OFFLINE_MODEL,
     DTYPES,
     OFFLINE_MODELS,

@@ -29,7 +29,7 @@ def add_commands(commands: argparse._SubParsersAction) -> None:
 
 
 def _pipeline(args: argparse.Namespace) -> int:
-    from mascot.pipeline import PipelineError, run_pipeline
+    from mascot.cli.pipeline_run import PipelineError, run_pipeline
 
     if not Path(args.recipe).is_file():
         raise UsageError(f"--recipe: no such file {args.recipe}")
@@ -46,7 +46,7 @@ def _show_stage(name: str, state: str) -> None:
 
 
 def _demo(args: argparse.Namespace) -> int:
-    from mascot.pipeline import PipelineError, check_extras, run_pipeline
+    from mascot.cli.pipeline_run import PipelineError, check_extras, run_pipeline
     from mascot.rosters import load_scenarios
     from mascot.testing.stub_server import start_stub_server
 
@@ -74,7 +74,7 @@ def _demo(args: argparse.Namespace) -> int:
         (folder / name).write_text("".join(json.dumps(s.model_dump()) + "\n" for s in chosen), encoding="utf-8")
     judge_model = None
     if args.model:
-        from mascot.offline_model import OFFLINE_JUDGE, built_offline_model
+        from mascot.offline.model import OFFLINE_JUDGE, built_offline_model
 
         judge_model = args.judge_model or str(built_offline_model(OFFLINE_JUDGE) or model)
     with start_stub_server() if not args.model else nullcontext() as stub:

@@ -131,7 +131,7 @@ def _check_safety(roster: Roster, labelled: Path) -> None:
 def _rosters_safety_heads(args: argparse.Namespace) -> int:
     import numpy as np
 
-    from mascot.embeddings import embedder_by_name
+    from mascot.graphs.embeddings import embedder_by_name
     from mascot.graphs.safety import SafetyDetector
     from mascot.graphs.safety_heads import load_head
     from mascot.training.evaluation.safety import ship_heads

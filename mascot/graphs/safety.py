@@ -3,7 +3,7 @@
 A roster's safety rules (``Roster.safety``) say which voices must speak, in which order,
 which must not, and which gives the resource text when a person signals a crisis. The
 ``SafetyDetector`` decides whether a message calls for a rule, offline and fast: the rule's
-patterns, then a linear classifier over the sentence embedding (``mascot.embeddings``:
+patterns, then a linear classifier over the sentence embedding (``mascot.graphs.embeddings``:
 all-mpnet-base-v2 when built, else all-MiniLM-L6-v2, else lexical) of
 the person's latest message, read with the riskiest earlier one when there is one (risk that
 builds over turns), fitted on the rules' trigger examples (each its rule) against their near
@@ -31,7 +31,7 @@ from typing import Any
 import numpy as np
 from langchain_core.messages import BaseMessage
 
-from mascot.embeddings import Embedder, default_embedder
+from mascot.graphs.embeddings import Embedder, default_embedder
 from mascot.graphs.safety_heads import StoredHead, cache_head, head_key, load_head
 from mascot.rosters import DEFAULT_RESOURCES, Roster, SafetyRule
 from mascot.rosters.yaml_file import read_yaml

@@ -24,7 +24,7 @@ from typing import Any
 
 import numpy as np
 
-from mascot.offline_model import default_cache
+from mascot.offline.model import default_cache
 
 logger = logging.getLogger(__name__)
 

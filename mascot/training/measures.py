@@ -3,7 +3,7 @@ similarity, redundancy of a turn against its round, the persona turns of the cur
 distinct-n, speaker balance, and the description a persona is embedded as.
 
 Similarity measures embed text with an :class:`Embedder`, by default
-:func:`default_embedder` (see ``mascot.embeddings``). Evaluation's episode metrics
+:func:`default_embedder` (see ``mascot.graphs.embeddings``). Evaluation's episode metrics
 (``evaluation.metrics``) and the reward functions (``mascot.training.rewards``) build on these.
 """
 
@@ -14,7 +14,7 @@ from collections import Counter
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
-from mascot.embeddings import Embedder, Vector, default_embedder
+from mascot.graphs.embeddings import Embedder, Vector, default_embedder
 
 if TYPE_CHECKING:
     from mascot.rosters import Persona

@@ -24,7 +24,7 @@ import re
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Protocol
 
-from mascot.embeddings import Embedder, default_embedder
+from mascot.graphs.embeddings import Embedder, default_embedder
 from mascot.graphs.reply import copies, speaker_labels, user_labels
 from mascot.graphs.reply_faults import reply_fault
 from mascot.graphs.state import round_speakers

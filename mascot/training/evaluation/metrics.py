@@ -18,7 +18,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from mascot.embeddings import Embedder, Vector, default_embedder
+from mascot.graphs.embeddings import Embedder, Vector, default_embedder
 from mascot.training.measures import cosine, describe_persona, distinct_n, max_earlier, speaker_balance
 
 if TYPE_CHECKING:

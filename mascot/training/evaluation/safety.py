@@ -25,7 +25,7 @@ from typing import Any, Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from mascot.embeddings import Embedder
+from mascot.graphs.embeddings import Embedder
 from mascot.graphs.safety import SafetyDetector, SafetyGuard, has_resources
 from mascot.graphs.safety_heads import SHIPPED, save_head
 from mascot.rosters import Roster

@@ -38,8 +38,8 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from mascot.embeddings import Embedder, default_embedder
 from mascot.graphs.direction import StageDirection
+from mascot.graphs.embeddings import Embedder, default_embedder
 from mascot.graphs.prompts import speaker_messages
 from mascot.messages import langchain_message, openai_messages
 from mascot.rosters import Roster

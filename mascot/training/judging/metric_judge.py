@@ -55,7 +55,7 @@ from __future__ import annotations
 import re
 from collections.abc import Sequence
 
-from mascot.embeddings import Embedder, Vector, default_embedder
+from mascot.graphs.embeddings import Embedder, Vector, default_embedder
 from mascot.graphs.reply import echoes, speaker_labels, strip_cues
 from mascot.graphs.reply_faults import reply_fault
 from mascot.rosters import USER, Persona, Roster

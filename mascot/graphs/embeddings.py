@@ -19,7 +19,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Protocol
 
-from mascot.offline_encoder import built_offline_encoder
+from mascot.offline.encoder import built_offline_encoder
 
 logger = logging.getLogger(__name__)
 

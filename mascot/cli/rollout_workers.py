@@ -14,7 +14,6 @@ import json
 import os
 import signal
 import subprocess
-import sys
 import tempfile
 import threading
 import time
@@ -22,6 +21,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from mascot.cli.child import mascot_command
 from mascot.training.episodes.rollout import PlannedEpisode, RolloutStatus, settle_rollout
 from mascot.training.jsonl import repair_tail
 
@@ -95,8 +95,8 @@ def run_workers(
     processes = []
     for shard, log in enumerate(logs):
         share = concurrency // workers + (shard < concurrency % workers)
-        command = [sys.executable, "-m", "mascot", *argv,
-                   "--workers", "1", "--concurrency", str(max(1, share)), "--shard", f"{shard}/{workers}"]
+        command = mascot_command([*argv, "--workers", "1", "--concurrency", str(max(1, share)),
+                                  "--shard", f"{shard}/{workers}"])
         processes.append(subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=log))
     previous = signal.signal(signal.SIGTERM, _interrupt)
     try:
