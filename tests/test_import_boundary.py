@@ -1,6 +1,12 @@
 """The dependency rules of the layout: mascot.graphs, mascot.rosters and mascot.policies
 (except policies/local/) import without torch; graphs and policies never import each other;
-policies never imports training; nothing imports mascot.cli but the entry point."""
+policies never imports training; nothing imports mascot.cli but the entry point.
+
+And the layout as a ladder: training's subpackages import only downward (episodes <- judging
+<- data <- fitting, training's own root modules below them all), nothing in training reads
+evaluation but evaluation, the package root holds only the entry points and the shared leaves,
+one module (cli/child.py) builds a `mascot` child process's command line, and one module
+(training/rewards.py) defines the GRPO reward functions."""
 
 from __future__ import annotations
 
@@ -156,3 +162,165 @@ def test_message_conversions_live_in_one_module() -> None:
             continue
         functions = {n.name for n in ast.walk(ast.parse(path.read_text())) if isinstance(n, ast.FunctionDef)}
         assert not functions & defined, f"{path.relative_to(ROOT)} converts messages itself"
+
+
+# --- the layout as a ladder -------------------------------------------------------------
+
+MASCOT = ROOT / "mascot"
+TRAINING = MASCOT / "training"
+#: training's floors, lowest first: a floor may import the floors below it, never one above.
+#: The training root's own modules (jsonl, retry, measures, rewards, ...) are floor 0, below all.
+FLOORS = ("episodes", "judging", "data", "fitting")
+#: Beside the ladder: may read every floor, and no floor (nor the root floor) may read it.
+EVALUATION = "evaluation"
+#: The modules allowed at the package root besides __init__ and __main__, and why each stays there.
+ROOT_MODULES = {
+    "messages.py": "LangChain <-> OpenAI message conversions, used by graphs and policies, which never import "
+                   "each other",
+    "redaction.py": "secret redaction, used by the CLI at start-up (light commands load no LangChain) and by "
+                    "training's JSONL writer; importing mascot.training would load LangChain",
+    "studio.py": "the `langgraph dev` entry of langgraph.json: wires graphs, policies and rosters together",
+}
+#: The one module that builds a command line running the `mascot` CLI in a child process.
+CHILD_BOUNDARY = MASCOT / "cli" / "child.py"
+#: The one module that defines GRPO reward functions.
+REWARDS = TRAINING / "rewards.py"
+
+
+def _is_type_checking(test: ast.expr) -> bool:
+    return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or (
+        isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING")
+
+
+def _runtime_imports(path: Path) -> list[tuple[int, str]]:
+    """(line, module) of every import the module runs, at the top or inside a function; imports
+    under ``if TYPE_CHECKING:`` only name types for annotations and are left out."""
+    found: list[tuple[int, str]] = []
+
+    def visit(node: ast.AST) -> None:
+        if isinstance(node, ast.If) and _is_type_checking(node.test):
+            for child in node.orelse:
+                visit(child)
+            return
+        if isinstance(node, ast.ImportFrom) and node.module:
+            found.append((node.lineno, node.module))
+        elif isinstance(node, ast.Import):
+            found.extend((node.lineno, alias.name) for alias in node.names)
+        for child in ast.iter_child_nodes(node):
+            visit(child)
+
+    visit(ast.parse(path.read_text(encoding="utf-8")))
+    return found
+
+
+def _training_part(module: str) -> str | None:
+    """Which part of training ``module`` is: a floor, evaluation, "" for the root floor; None
+    outside training (and for the package itself, ``mascot.training``: its __init__)."""
+    parts = module.split(".")
+    if parts[:2] != ["mascot", "training"] or len(parts) < 3:
+        return None
+    return parts[2] if parts[2] in (*FLOORS, EVALUATION) else ""
+
+
+def _part_of(path: Path) -> str:
+    relative = path.relative_to(TRAINING)
+    return relative.parts[0] if len(relative.parts) > 1 else ""
+
+
+def _training_files() -> list[Path]:
+    # the package's __init__ is its public face: it re-exports names from every floor
+    return [p for p in sorted(TRAINING.rglob("*.py")) if p != TRAINING / "__init__.py"]
+
+
+def _ladder_violations() -> list[str]:
+    rank = {"": 0, **{floor: i + 1 for i, floor in enumerate(FLOORS)}}
+    bad = []
+    for path in _training_files():
+        own = _part_of(path)
+        if own == EVALUATION:
+            continue
+        for line, module in _runtime_imports(path):
+            target = _training_part(module)
+            if target is None or target == EVALUATION:
+                continue  # evaluation: test_nothing_in_training_imports_evaluation
+            if rank[target] > rank[own]:
+                bad.append(f"{path.relative_to(ROOT)}:{line} ({own or 'root floor'}) imports {module} ({target})")
+    return bad
+
+
+def test_training_floors_import_only_downward() -> None:
+    """episodes <- judging <- data <- fitting, with training's root modules below them all."""
+    assert sorted(p.name for p in TRAINING.iterdir() if p.is_dir() and (p / "__init__.py").is_file()) == sorted(
+        (*FLOORS, EVALUATION)), "a new subpackage of training needs its place in FLOORS"
+    assert _ladder_violations() == []
+
+
+def _evaluation_users() -> list[str]:
+    return [f"{path.relative_to(ROOT)}:{line} imports {module}"
+            for path in _training_files() if _part_of(path) != EVALUATION
+            for line, module in _runtime_imports(path) if _training_part(module) == EVALUATION]
+
+
+def test_nothing_in_training_imports_evaluation() -> None:
+    assert _evaluation_users() == []
+
+
+def _root_modules() -> set[str]:
+    return {p.name for p in MASCOT.glob("*.py")} - {"__init__.py", "__main__.py"}
+
+
+def test_the_root_holds_only_the_entry_points_and_the_shared_leaves() -> None:
+    assert _root_modules() == set(ROOT_MODULES)
+
+
+def _spawns_mascot(node: ast.AST) -> bool:
+    """A ``[..., "-m", "mascot", ...]`` command line, the ``mascot`` script beside the
+    interpreter (``Path(sys.executable).parent / "mascot"``), ``which("mascot")``, or a
+    process started on ``["mascot", ...]``."""
+    def text(n: ast.AST) -> str | None:
+        return n.value if isinstance(n, ast.Constant) and isinstance(n.value, str) else None
+
+    if isinstance(node, ast.List | ast.Tuple):
+        items = [text(e) for e in node.elts]
+        return any(a == "-m" and b == "mascot" for a, b in zip(items, items[1:]))
+    if isinstance(node, ast.BinOp) and isinstance(node.op, ast.Div):
+        return text(node.right) == "mascot" and "sys.executable" in ast.unparse(node.left)
+    if isinstance(node, ast.Call):
+        name = node.func.attr if isinstance(node.func, ast.Attribute) else getattr(node.func, "id", None)
+        if name == "which":
+            return [text(a) for a in node.args] == ["mascot"]
+        first = node.args[0] if node.args else None
+        return (name in {"run", "Popen", "call", "check_call", "check_output", "create_subprocess_exec"}
+                and isinstance(first, ast.List | ast.Tuple) and bool(first.elts) and text(first.elts[0]) == "mascot")
+    return False
+
+
+def _mascot_spawners() -> list[str]:
+    return [f"{path.relative_to(ROOT)}:{node.lineno}"
+            for path in sorted(MASCOT.rglob("*.py")) if path != CHILD_BOUNDARY
+            for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))) if _spawns_mascot(node)]
+
+
+def test_only_the_child_module_re_enters_the_cli() -> None:
+    assert any(_spawns_mascot(node) for node in ast.walk(ast.parse(CHILD_BOUNDARY.read_text(encoding="utf-8"))))
+    assert _mascot_spawners() == []
+
+
+def _is_reward_function(node: ast.AST) -> bool:
+    """Named ``*_reward``, or TRL's reward signature: ``(prompts, completions, ...)`` (after ``self``)."""
+    if not isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+        return False
+    names = [a.arg for a in (*node.args.posonlyargs, *node.args.args)]
+    names = names[1:] if names[:1] in (["self"], ["cls"]) else names
+    return node.name.endswith("_reward") or names[:2] == ["prompts", "completions"]
+
+
+def _reward_functions_elsewhere() -> list[str]:
+    return [f"{path.relative_to(ROOT)}:{node.lineno} {getattr(node, 'name', '')}"
+            for path in sorted(MASCOT.rglob("*.py")) if path != REWARDS
+            for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))) if _is_reward_function(node)]
+
+
+def test_reward_functions_live_in_the_rewards_module() -> None:
+    assert sum(_is_reward_function(n) for n in ast.walk(ast.parse(REWARDS.read_text(encoding="utf-8")))) > 5
+    assert _reward_functions_elsewhere() == []
