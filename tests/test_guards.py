@@ -5,10 +5,11 @@ from __future__ import annotations
 
 import pytest
 
+from mascot.graphs.embeddings import LexicalEmbedder
 from mascot.rosters import Roster
 from mascot.training.episodes.episode import Episode, EpisodeMessage, EpisodeSource
 from mascot.training.evaluation.guards import GUARDS, guard_metrics
-from mascot.training.evaluation.metrics import LexicalEmbedder, episode_metrics
+from mascot.training.evaluation.metrics import episode_metrics
 
 PERSON = "I failed my driving test again and I feel like an idiot"
 

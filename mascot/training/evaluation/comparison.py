@@ -34,16 +34,17 @@ from langgraph.types import RetryPolicy
 
 from mascot.graphs import create_baseline_graph, create_director_graph
 from mascot.graphs.baselines import ASSISTANT
+from mascot.graphs.embeddings import Embedder, default_embedder
+from mascot.graphs.safety import SafetyDetector, SafetyGuard
 from mascot.policies import Policies
 from mascot.rosters import Roster, Scenario, UserProfile
 from mascot.training.episodes.episode import Episode, TurnPolicy, read_episodes
 from mascot.training.episodes.rollout import collect_episodes
-from mascot.graphs.safety import SafetyDetector, SafetyGuard
 from mascot.training.evaluation.guards import guard_metrics
-from mascot.training.evaluation.safety import safety_metrics
-from mascot.training.evaluation.metrics import Embedder, default_embedder, episode_metrics, round_redundancy
+from mascot.training.evaluation.metrics import episode_metrics, round_redundancy
 from mascot.training.evaluation.report import SystemScores
 from mascot.training.evaluation.routing import RoutingError, load_routing_set, routing_results
+from mascot.training.evaluation.safety import safety_metrics
 from mascot.training.jsonl import JsonlAppender, read_jsonl
 from mascot.training.judging.judge import Judge
 from mascot.training.judging.rubric import Rubric

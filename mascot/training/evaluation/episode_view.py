@@ -16,9 +16,10 @@ from typing import Any
 from rich.console import Console
 from rich.text import Text
 
+from mascot.graphs.embeddings import Embedder, default_embedder
 from mascot.rosters import Roster
 from mascot.training.episodes.episode import Episode
-from mascot.training.evaluation.metrics import Embedder, default_embedder, round_redundancy
+from mascot.training.evaluation.metrics import round_redundancy
 
 #: Redundancy from which a turn is flagged as repeating its round.
 REDUNDANT = 0.8
