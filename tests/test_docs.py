@@ -36,6 +36,7 @@ from pathlib import Path
 import pytest
 import yaml
 from fakes import PromptChat, digest
+from test_safety_memory import EXTRAS
 from langchain_core.messages import HumanMessage
 from langgraph.checkpoint.sqlite import SqliteSaver
 
@@ -47,12 +48,25 @@ PAGES = [README, *sorted((ROOT / "docs").glob("*.md"))]
 #: The pages whose shell blocks run, in this order, in one folder (the method's pages go on
 #: from each other's files); the other pages' blocks are all marked.
 SHELL_PAGES = ["docs/rosters.md", "docs/episodes.md", "docs/judging.md", "docs/training.md",
-               "docs/evaluation.md", "docs/serving.md", "docs/safety.md", "docs/install.md"]
+               "docs/evaluation.md", "docs/serving.md", "docs/safety.md"]
 #: Marks of a shell block that is parsed but not run (see the module docstring).
 NOT_RUN = {"gpu", "online", "scratch", "serves"}
 #: Seconds one block (python) or one page (shell) may run.
 TIMEOUT_S = 600
 _FENCE = re.compile(r"^(`{3,})(.*)$")
+#: What a plain ``pip install mascot`` lacks (every extra's packages), blocked for the README's
+#: Python blocks: importing one fails as it would there.
+PLAIN_INSTALL = f"""
+import importlib.abc, importlib.util, sys
+EXTRAS = {sorted(EXTRAS)!r}
+class PlainInstall(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path=None, target=None):
+        if name.split('.')[0] in EXTRAS:
+            raise ModuleNotFoundError('not in a plain install: ' + name)
+sys.meta_path.insert(0, PlainInstall())
+find_spec = importlib.util.find_spec
+importlib.util.find_spec = lambda name, *a: None if name.split('.')[0] in EXTRAS else find_spec(name, *a)
+"""
 #: Variables that would send a block's calls elsewhere than the stub (or to LangSmith).
 _UNSET = ("OPENAI_API_BASE", "OPENAI_ORGANIZATION", "LANGSMITH_TRACING", "LANGCHAIN_TRACING_V2",
           "LANGSMITH_API_KEY", "LANGCHAIN_API_KEY")
@@ -180,6 +194,11 @@ def test_python_block_runs(block: Block, stub: StubServer, docs_files: Path, tmp
     script.write_text(block.code, encoding="utf-8")
     env = {key: value for key, value in os.environ.items() if key not in _UNSET}
     env.update(OPENAI_BASE_URL=stub.url, OPENAI_API_KEY="dummy", HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1")
+    if block.page == "README.md":  # the README promises these run on a plain `pip install mascot`
+        (tmp_path / "sitecustomize.py").write_text(PLAIN_INSTALL, encoding="utf-8")
+        env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(tmp_path), env.get("PYTHONPATH")]))
+        env.pop("MASCOT_ENCODER", None)  # the tests' choice of encoder; a plain install has only its own
+        env["MASCOT_CACHE"] = str(tmp_path / "cache")  # no encoder or classifier built by other runs
     try:
         result = subprocess.run([sys.executable, script.name], cwd=tmp_path, env=env, capture_output=True,
                                 text=True, timeout=TIMEOUT_S)
@@ -262,9 +281,9 @@ class ShellPages:
 
     def _run(self, page: str) -> subprocess.CompletedProcess[str] | str:
         blocks = [b for b in SHELL if b.page == page and not set(b.marks) & NOT_RUN]
-        script = ["set -euo pipefail", "trap 'kill $(jobs -p) 2>/dev/null; wait' EXIT"]
+        script = ["set -euo pipefail", "trap 'jobs -p | xargs -r kill 2>/dev/null || true; wait' EXIT"]
         for block in blocks:
-            script += [f"echo '>>> {block.where}' >&2", block.code]
+            script += [f"echo {shlex.quote('>>> ' + block.where)} >&2", block.code]
         try:
             return subprocess.run(["bash", "-c", "\n".join(script)], cwd=self.folder, env=self.env,
                                   capture_output=True, text=True, timeout=TIMEOUT_S)
@@ -393,3 +412,42 @@ def test_api_copies_are_the_docstrings(path: Path) -> None:
         assert shown == api_text(name), (
             f"{path.relative_to(ROOT)}: the copy of {name} differs from its docstring; put this between its "
             f"markers:\n{api_text(name)}")
+
+
+# --- the README's map of the package ---------------------------------------------------------
+
+def readme_map() -> set[str]:
+    """The paths the README's map of the package names (indentation is nesting)."""
+    block = next(b for b in ALL if b.page == "README.md" and b.heading == "The package" and b.lang == "text")
+    listed, stack = set(), []
+    for line in block.code.splitlines():
+        if not line.strip():
+            continue
+        depth = (len(line) - len(line.lstrip())) // 2
+        stack[depth:] = [line.split()[0].rstrip("/")]
+        listed.add("/".join(stack))
+    return listed
+
+
+def test_readme_map_names_every_folder_and_nothing_else() -> None:
+    listed = readme_map()
+    missing = sorted(p.relative_to(ROOT).as_posix() for p in (ROOT / "mascot").rglob("__init__.py")
+                     if p.parent != ROOT / "mascot" and p.parent.relative_to(ROOT).as_posix() not in listed)
+    for folder in ("mascot", "mascot/training"):
+        missing += sorted(f"{folder}/{p.name}" for p in (ROOT / folder).glob("*.py")
+                          if p.name not in ("__main__.py", "__init__.py" if folder != "mascot" else "")
+                          and f"{folder}/{p.name}" not in listed)
+    assert not missing, f"README.md's map of the package lacks {missing}"
+    gone = sorted(path for path in listed if not (ROOT / path).exists())
+    assert not gone, f"README.md's map names what does not exist: {gone}"
+
+
+def test_module_map_is_generated_from_the_docstrings() -> None:
+    from mascot.cli.reference import MODULES_END, MODULES_START, module_map
+
+    page = (ROOT / "docs" / "contributing.md").read_text(encoding="utf-8")
+    assert page.count(MODULES_START) == 1 and page.count(MODULES_END) == 1
+    assert page.split(MODULES_START)[1].split(MODULES_END)[0].strip() == module_map().strip(), (
+        "docs/contributing.md's module map is out of date: run "
+        "`python -m mascot.cli.reference --write docs/contributing.md`")
+    assert "| `mascot/training/rewards.py` |" in page

@@ -1,18 +1,23 @@
-"""The command-line reference, generated from the ``mascot`` parsers.
+"""References generated from the code: every command from the ``mascot`` parsers, and every
+module of the package from its docstring.
 
-``docs/cli.md`` holds this text between ``START`` and ``END``; a test keeps the two equal,
-so no flag is documented by hand. ``python -m mascot.cli.reference --write docs/cli.md``
-refreshes it; without ``--write`` it prints the reference.
+``docs/cli.md`` holds the first between ``START`` and ``END``, ``docs/contributing.md`` the
+second between ``MODULES_START`` and ``MODULES_END``; a test keeps each equal to the code, so
+no flag or module is documented by hand. ``python -m mascot.cli.reference --write FILE``
+refreshes the marked parts of FILE; without ``--write`` it prints the command reference.
 """
 
 from __future__ import annotations
 
 import argparse
+import ast
 import sys
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 START, END = "<!-- cli-reference:start -->", "<!-- cli-reference:end -->"
+MODULES_START, MODULES_END = "<!-- module-map:start -->", "<!-- module-map:end -->"
+PACKAGE = Path(__file__).resolve().parents[1]
 
 
 def cli_reference() -> str:
@@ -80,29 +85,49 @@ def _sentence(text: str) -> str:
     return text[:1].upper() + text[1:] + ("" if text.endswith((".", ")", ":")) else ".")
 
 
-def replace_reference(document: str, reference: str) -> str:
-    """``document`` with the text between ``START`` and ``END`` replaced by ``reference``."""
-    if document.count(START) != 1 or document.count(END) != 1:
-        raise ValueError(f"the document needs one {START} and one {END} line")
-    head, rest = document.split(START)
-    _, tail = rest.split(END)
-    return f"{head}{START}\n{reference}{END}{tail}"
+def module_map() -> str:
+    """One line per module of the package, folder by folder: its path and the first line of
+    its docstring."""
+    lines = ["| module | what it holds |", "|---|---|"]
+    for path in sorted(PACKAGE.rglob("*.py"), key=lambda p: (p.parent.relative_to(PACKAGE).parts, p.name)):
+        if "__pycache__" in path.parts:
+            continue
+        doc = ast.get_docstring(ast.parse(path.read_text(encoding="utf-8"))) or ""
+        summary = _cell(doc.strip().split("\n\n")[0]) if doc else ""
+        lines.append(f"| `{path.relative_to(PACKAGE.parent).as_posix()}` | {summary} |")
+    return "\n".join(lines) + "\n"
+
+
+def replace_reference(document: str, reference: str, start: str = START, end: str = END) -> str:
+    """``document`` with the text between ``start`` and ``end`` replaced by ``reference``."""
+    if document.count(start) != 1 or document.count(end) != 1:
+        raise ValueError(f"the document needs one {start} and one {end} line")
+    head, rest = document.split(start)
+    _, tail = rest.split(end)
+    return f"{head}{start}\n{reference}{end}{tail}"
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Print the reference, or write it into a document between its markers."""
     parser = argparse.ArgumentParser(prog="python -m mascot.cli.reference", description=__doc__.splitlines()[0])
-    parser.add_argument("--write", type=Path, metavar="FILE", help="replace the reference between the markers in FILE")
+    parser.add_argument("--write", type=Path, metavar="FILE", help="replace the references between their markers in FILE")
     args = parser.parse_args(argv)
-    reference = cli_reference()
     if args.write is None:
-        sys.stdout.write(reference)
+        sys.stdout.write(cli_reference())
         return 0
     try:
-        args.write.write_text(replace_reference(args.write.read_text(encoding="utf-8"), reference), encoding="utf-8")
+        text = args.write.read_text(encoding="utf-8")
+        written = []
+        for (start, end), make in (((START, END), cli_reference), ((MODULES_START, MODULES_END), module_map)):
+            if start in text or end in text:
+                text = replace_reference(text, make(), start, end)
+                written.append(make.__name__.replace("_", " "))
+        if not written:
+            raise ValueError(f"no {START} or {MODULES_START} markers")
+        args.write.write_text(text, encoding="utf-8")
     except (OSError, ValueError) as exc:
         parser.exit(2, f"{parser.prog}: error: {args.write}: {exc}\n")
-    print(f"wrote the command-line reference into {args.write}")
+    print(f"wrote the {' and the '.join(written)} into {args.write}")
     return 0
 
 
