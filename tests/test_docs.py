@@ -451,3 +451,19 @@ def test_module_map_is_generated_from_the_docstrings() -> None:
         "docs/contributing.md's module map is out of date: run "
         "`python -m mascot.cli.reference --write docs/contributing.md`")
     assert "| `mascot/training/rewards.py` |" in page
+
+
+def test_readme_inline_commands_parse() -> None:
+    """The README's commands in running text and tables parse as written (every block's too)."""
+    from mascot.cli.main import _parser
+
+    spans = re.findall(r"`(mascot [^`]+)`", re.sub(r"```.*?```", "", README.read_text(encoding="utf-8"), flags=re.S))
+    commands = [span for span in spans if "..." not in span and "--help" not in span]
+    assert len(commands) >= 14
+    for command in commands:
+        argv = shlex.split(command)[1:]
+        try:
+            args, extra = _parser().parse_known_args(argv)
+        except SystemExit:
+            pytest.fail(f"README.md: `{command}` does not parse (see the error above)")
+        assert not extra or hasattr(args, "trainer_flags"), f"README.md: `{command}`: unrecognized {extra}"
