@@ -21,6 +21,15 @@ from mascot.rosters.models import (
     Scenario,
     UserProfile,
 )
+from mascot.rosters.probes import (
+    GroupthinkProbe,
+    LabelledReplies,
+    LabelledReply,
+    ProbeSet,
+    ProbeSetError,
+    load_labelled_replies,
+    load_probes,
+)
 from mascot.rosters.reference import schema_reference
 from mascot.rosters.scaffold import scaffold_roster
 
@@ -29,14 +38,21 @@ __all__ = [
     "RESERVED_IDS",
     "USER",
     "DirectorGuidance",
+    "GroupthinkProbe",
+    "LabelledReplies",
+    "LabelledReply",
     "Ocean",
     "Persona",
+    "ProbeSet",
+    "ProbeSetError",
     "Roster",
     "RosterError",
     "SafetyRule",
     "Scenario",
     "UserProfile",
     "list_rosters",
+    "load_labelled_replies",
+    "load_probes",
     "load_profiles",
     "load_roster",
     "load_scenarios",
