@@ -23,6 +23,7 @@ from mascot.graphs.state import (
     persona_speakers,
     stage_directions,
 )
+from mascot.graphs.telemetry import OpenTelemetryTracer
 from mascot.graphs.user import USER_NODE
 from mascot.messages import openai_messages  # the episode format of a graph's messages
 
@@ -34,6 +35,7 @@ __all__ = [
     "DirectionError",
     "DirectorState",
     "Fallback",
+    "OpenTelemetryTracer",
     "SafetyDetector",
     "SafetyGuard",
     "StageDirection",
