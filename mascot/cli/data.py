@@ -75,9 +75,13 @@ def add_commands(commands: argparse._SubParsersAction) -> None:
     samples.add_argument("--out", required=True, metavar="FILE", help="samples JSONL (appended; each with its fault)")
     samples.set_defaults(run=_samples)
 
-    pairs = commands.add_parser("pairs", help="preference pairs from judged candidates")
-    pairs.add_argument("--in", dest="source", required=True, metavar="JUDGED",
-                       help="judged candidates: replies (mascot candidates) or sibling blocks (mascot blocks)")
+    pairs = commands.add_parser("pairs", help="preference pairs from judged candidates, or from an app's approvals")
+    source = pairs.add_mutually_exclusive_group(required=True)
+    source.add_argument("--in", dest="source", metavar="JUDGED",
+                        help="judged candidates: replies (mascot candidates) or sibling blocks (mascot blocks)")
+    source.add_argument("--approvals", metavar="EPISODES",
+                        help="episodes of a graph with approve=True: each direction the app edited or rejected "
+                             "against the one it played (Director pairs; needs --roster)")
     pairs.add_argument("--min-margin", type=float, default=0.5, metavar="M",
                        help="least difference of the overall scores, in 1-5 judge units (default 0.5)")
     pairs.add_argument("--metric-weight", type=_unit_interval, metavar="W",
@@ -93,15 +97,33 @@ def add_commands(commands: argparse._SubParsersAction) -> None:
     pairs.set_defaults(run=_pairs)
 
 
-def _input_episodes(source: str) -> list[Any]:
+def _approval_pairs(args: argparse.Namespace) -> int:
+    from mascot.training.data.approval_pairs import approval_pairs
+    from mascot.training.data.pairs import write_pairs
+
+    if not args.roster:
+        raise UsageError("--approvals needs --roster (the episodes' roster)")
+    episodes = _input_episodes(args.approvals, flag="--approvals")
+    try:
+        pair_set = approval_pairs(episodes, load_roster(args.roster), test_fraction=args.test_fraction, seed=args.seed)
+    except ValueError as exc:
+        raise UsageError(f"--approvals: {exc}") from None
+    train, test = write_pairs(pair_set, args.out)
+    r = pair_set.report
+    out.print(f"pairs: {r.train_pairs} train ({train}), {r.test_pairs} test ({test}) Director pairs from "
+              f"{r.candidates} approval answers at {r.contexts} decision points", markup=False)
+    return 0
+
+
+def _input_episodes(source: str, flag: str = "--in") -> list[Any]:
     """The episodes of ``--in``, or a one-line usage error (missing file, no episodes)."""
     from mascot.training.episodes.episode import read_episodes
 
     if not Path(source).is_file():
-        raise UsageError(f"--in: no such file {source}")
+        raise UsageError(f"{flag}: no such file {source}")
     episodes = read_episodes(source)
     if not episodes:
-        raise UsageError(f"--in: no episodes in {source}")
+        raise UsageError(f"{flag}: no episodes in {source}")
     return episodes
 
 
@@ -191,6 +213,8 @@ def _pairs(args: argparse.Namespace) -> int:
     from mascot.training.judging.judgement import JudgedCandidate
     from mascot.training.jsonl import read_jsonl
 
+    if args.approvals:
+        return _approval_pairs(args)
     source = Path(args.source)
     if not source.is_file():
         raise UsageError(f"--in: no such file {args.source}")

@@ -6,7 +6,7 @@ import json
 import logging
 import re
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 from pydantic.json_schema import SkipJsonSchema
@@ -32,6 +32,10 @@ class StageDirection(BaseModel):
         tone: How the speaker should sound (free text).
         addressee: Whom the speaker addresses, if anyone in particular.
         rationale: Why the Director chose this.
+        sees: What the voice sees of the conversation for this turn: ``person`` (the
+            person's messages only), ``round`` (the person's messages and the voices heard
+            since the person's latest message) or ``conversation`` (everything); ``None``:
+            the roster's ``voices_see``. Read when a model adds it; not in the schema.
         fallback: Set by mascot, never by the model: why the model's direction was
             repaired or replaced; ``None`` when it was used as given.
         offered: Set by mascot, never by the model: the speakers the Director was
@@ -49,11 +53,14 @@ class StageDirection(BaseModel):
     tone: str = Field(min_length=1)
     addressee: str | None = None
     rationale: str | None = None
+    sees: SkipJsonSchema[Literal["person", "round", "conversation"] | None] = None
     fallback: SkipJsonSchema[str | None] = None
     offered: SkipJsonSchema[list[str] | None] = None
     guard: SkipJsonSchema[dict[str, Any] | None] = None
 
 
+#: What a voice may see of the conversation (``StageDirection.sees``, ``Roster.voices_see``).
+VIEWS = ("person", "round", "conversation")
 #: JSON schema of a stage direction (``fallback``, ``offered`` and ``guard`` are not part of it).
 DIRECTION_SCHEMA: dict[str, Any] = StageDirection.model_json_schema()
 #: Longest action and tone a model may write under structured output (characters):
@@ -197,12 +204,17 @@ def interpret_direction(
     if tone is None:
         tone = _DEFAULT_TONE
         notes.append("missing tone")
+    sees = _text(data.get("sees"))
+    if sees is not None and sees.lower() not in VIEWS:
+        notes.append(f"sees '{sees[:40]}' is not one of {', '.join(VIEWS)}; left to the roster")
+        sees = None
     return StageDirection(
         speaker=speaker,
         action=action,
         tone=tone,
         addressee=_text(data.get("addressee")),
         rationale=_text(data.get("rationale")),
+        sees=sees.lower() if sees else None,
         fallback="repaired: " + "; ".join(notes) if notes else None,
     )
 

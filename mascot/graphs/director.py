@@ -11,7 +11,7 @@ from langchain_core.language_models import BaseChatModel
 from langchain_core.messages import AIMessage, BaseMessage, HumanMessage
 from langchain_core.runnables import Runnable, RunnableConfig
 from langgraph.graph import START, StateGraph
-from langgraph.types import Command, RetryPolicy
+from langgraph.types import Command, RetryPolicy, interrupt
 from openai import LengthFinishReasonError
 
 from mascot.graphs.direction import StageDirection, direction_schema, interpret_direction
@@ -27,6 +27,10 @@ logger = logging.getLogger(__name__)
 
 #: Name of the Director node.
 DIRECTOR_NODE = "director"
+#: Name of the node that asks the app to approve a direction (``approve=True``).
+APPROVAL_NODE = "approve"
+#: Fields of a direction an app's edit may set.
+EDITABLE = ("speaker", "action", "tone", "addressee", "sees")
 #: A rule that picks the next direction without a model (the baselines use these).
 DirectionRule = Callable[[DirectorState], StageDirection]
 
@@ -44,6 +48,7 @@ def create_director_graph(
     retry_policy: RetryPolicy | None = None,
     offer_seed: int | None = 0,
     safety: SafetyGuard | bool = True,
+    approve: bool = False,
 ) -> StateGraph:
     """Build the directed multi-persona conversation graph (uncompiled).
 
@@ -81,6 +86,15 @@ def create_director_graph(
             offered only the routed voice (prompt and schema) and writes its action and
             tone, the forbidden voices do not speak, and the giver's reply carries the
             resources.
+        approve: Interrupt after each direction to a voice, before the voice speaks. The
+            interrupt's value is ``{"direction", "round", "roster"}``; resume with
+            ``Command(resume="approve")``, ``"reject"`` (the Director decides again) or
+            ``{"edit": {"speaker": ..., "action": ..., "tone": ...}}`` (any of those
+            fields, ``addressee`` and ``sees``; the edited direction is the one played).
+            Every answer is recorded in ``state["approvals"]`` (and in the episode), and
+            ``mascot pairs --approvals`` turns edits and rejections into Director
+            preference pairs. In a round a safety rule governs, an edit cannot change the
+            routed voice.
 
     Returns:
         The ``StateGraph`` builder; compile it with the checkpointer of your choice.
@@ -124,6 +138,8 @@ def create_director_graph(
                offered: tuple[str, ...] | None, direction: StageDirection) -> Command:
         if record:
             direction = _within_guard(direction, record, offered or (USER,))
+        if approve and direction.speaker != USER:  # the app sees it before the voice speaks
+            return Command(goto=APPROVAL_NODE, update={"proposed": direction.model_dump(exclude_none=True), **update})
         command = _route(state, direction)
         return Command(goto=command.goto, update={**command.update, **update}) if update else command
 
@@ -147,8 +163,85 @@ def create_director_graph(
 
     node = Node(DIRECTOR_NODE, direct, adirect)
     return assemble_graph(
-        roster, node, speakers=speakers, user=user, max_rounds=max_rounds, retry_policy=retry_policy
+        roster, node, speakers=speakers, user=user, max_rounds=max_rounds, retry_policy=retry_policy,
+        approval=approval_node(roster) if approve else None,
     )
+
+
+def approval_node(roster: Roster) -> Node:
+    """The node that asks the app to approve the Director's direction before its voice
+    speaks (``create_director_graph(approve=True)``).
+
+    It interrupts with ``{"direction", "round", "roster"}`` and reads the answer the app
+    resumes with: ``"approve"``, ``"reject"`` or ``{"edit": {field: value}}``. An approved
+    or edited direction is routed as any direction is; a rejected one goes back to the
+    Director. Each answer is appended to ``state["approvals"]``: ``{round, cut (the
+    messages before the decision), decision (approved | edited | rejected), proposed,
+    played}``.
+
+    An answer of another shape, or an edit naming a voice that may not speak now, is not
+    played: the node asks again, the reason in the interrupt's ``error``.
+    """
+    def approve(state: DirectorState) -> Command:
+        proposed = state["proposed"]
+        question: dict[str, Any] = {"direction": proposed, "round": state.get("round", 0), "roster": roster.id}
+        while True:
+            answer = interrupt(question)
+            try:
+                decision, fields = read_approval(answer)
+                direction = StageDirection.model_validate(proposed)
+                if decision == "edited":
+                    direction = _edited(direction, fields, state, roster)
+                break
+            except ValueError as exc:  # asked again, with the reason
+                logger.warning("%s", exc)
+                question = {**question, "error": str(exc)}
+        entry: dict[str, Any] = {"round": state.get("round", 0), "cut": len(state.get("messages", [])),
+                                 "decision": decision, "proposed": proposed}
+        if decision == "rejected":
+            return Command(goto=DIRECTOR_NODE, update={"approvals": [entry], "proposed": None})
+        entry["played"] = direction.model_dump(exclude_none=True)
+        command = _route(state, direction)
+        return Command(goto=command.goto, update={**command.update, "approvals": [entry], "proposed": None})
+
+    return Node(APPROVAL_NODE, approve)
+
+
+def read_approval(answer: Any) -> tuple[str, dict[str, Any]]:
+    """An app's answer to an approval interrupt as ``(decision, edited fields)``.
+
+    Raises:
+        ValueError: if the answer is not ``"approve"``, ``"reject"``, ``{"approve": true}``,
+            ``{"reject": true}`` or ``{"edit": {field: value, ...}}`` with fields among ``EDITABLE``.
+    """
+    if isinstance(answer, str) and answer.strip().lower() in ("approve", "reject"):
+        return ("approved" if answer.strip().lower() == "approve" else "rejected"), {}
+    if isinstance(answer, Mapping) and len(answer) == 1:
+        (key, value), = answer.items()
+        if key in ("approve", "reject") and value is True:
+            return ("approved" if key == "approve" else "rejected"), {}
+        if key == "edit" and isinstance(value, Mapping) and value and set(value) <= set(EDITABLE):
+            return "edited", dict(value)
+    raise ValueError(f"approval: resume with 'approve', 'reject' or {{'edit': {{field: value}}}} (fields "
+                     f"{', '.join(EDITABLE)}); got {str(answer)[:120]!r}")
+
+
+def _edited(direction: StageDirection, fields: dict[str, Any], state: DirectorState, roster: Roster) -> StageDirection:
+    """``direction`` with an app's edit applied, checked as the graph checks a direction."""
+    speaker = fields.get("speaker", direction.speaker)
+    heard = round_speakers(state.get("messages", []))
+    allowed = [pid for pid in roster.persona_ids if pid not in heard] + [USER]
+    if speaker not in allowed:
+        raise ValueError(f"approval: the edit names '{str(speaker)[:60]}', not a voice of {roster.id} that may "
+                         f"speak now ({', '.join(allowed)})")
+    if state.get("guard") and speaker != direction.speaker:
+        raise ValueError(f"approval: safety rule '{state['guard']['rule']}' routes this turn to "
+                         f"'{direction.speaker}'; an edit may change its action and tone, not the voice")
+    try:
+        edited = StageDirection.model_validate({**direction.model_dump(exclude_none=True), **fields})
+    except ValueError as exc:
+        raise ValueError(f"approval: the edit is not a stage direction: {str(exc).splitlines()[0]}") from None
+    return edited.model_copy(update={"action": edited.action.strip(), "tone": edited.tone.strip()})
 
 
 class Decider:
@@ -333,6 +426,7 @@ def assemble_graph(
     user: UserKind,
     max_rounds: int,
     retry_policy: RetryPolicy | None = None,
+    approval: Runnable | None = None,
 ) -> StateGraph:
     """Wire a Director node, one node per persona and the person's turn into a graph.
 
@@ -343,6 +437,7 @@ def assemble_graph(
         user: Who speaks for the person (see ``create_director_graph``).
         max_rounds: Rounds after which the conversation ends.
         retry_policy: Retry policy of every node (see ``create_director_graph``).
+        approval: The node between a direction and its voice (``approval_node``), if any.
 
     Returns:
         The uncompiled ``StateGraph``.
@@ -355,9 +450,11 @@ def assemble_graph(
     graph.add_node(
         DIRECTOR_NODE,
         director_node,
-        destinations=(*roster.persona_ids, USER_NODE),
+        destinations=(*roster.persona_ids, USER_NODE, *((APPROVAL_NODE,) if approval else ())),
         retry_policy=retry_policy,
     )
+    if approval is not None:
+        graph.add_node(APPROVAL_NODE, approval, destinations=(*roster.persona_ids, USER_NODE, DIRECTOR_NODE))
     for persona in roster.personas:
         graph.add_node(
             persona.id, speaker_node(roster, persona, models[persona.id]), retry_policy=retry_policy

@@ -110,11 +110,20 @@ def speaker_messages(
     Small models given the conversation as labelled lines continue the transcript (they
     write the person's next line) or echo a cue placed after it; answering the person's
     own message, with the direction as the persona's task, they reply in their voice.
+
+    What the voice sees of the conversation is the direction's ``sees``, else the roster's
+    ``voices_see``: ``person`` leaves out every voice's turn, ``round`` the voices' turns
+    before the person's latest message, ``conversation`` nothing.
     """
     others = ", ".join(f"{p.name} ({p.role})" for p in roster.personas if p.id != persona.id)
     last = max((i for i, m in enumerate(messages) if isinstance(m, HumanMessage)), default=None)
     earlier = messages[:last] if last is not None else messages
     answered = messages[last + 1 :] if last is not None else []
+    view = direction.sees or roster.voices_see
+    if view in ("person", "round"):
+        earlier = [m for m in earlier if isinstance(m, HumanMessage)]
+    if view == "person":
+        answered = []
     parts = [
         f"You are {persona.name}, the {persona.role}, one of several voices talking with a "
         f"person ({roster.domain}). The other voices are {others}.",
@@ -127,6 +136,8 @@ def speaker_messages(
         parts.append(f"The conversation before the person's latest message:\n\n{earlier_text}")
     if answered_text := transcript(answered, roster, you=persona.id):
         parts.append(f"The other voices have already answered it:\n\n{answered_text}")
+    if view == "person":
+        parts.append("You do not hear the other voices: answer from your own perspective.")
     if direction.guard:  # a safety rule governs the round: the persona's usual moves wait
         parts.append("Safety comes first now: the person may be in danger. Take what they said seriously and "
                      "acknowledge it directly; do not challenge, debate, reframe or minimise it, and do not "

@@ -71,7 +71,7 @@ def speaker_node(roster: Roster, persona: Persona, model: BaseChatModel) -> Node
         update: dict[str, Any] = {"round_turns": state.get("round_turns", 0) + 1}
         said = [m.text for m in state["messages"] if m.type == "human"]
         text, quoted = cut_quotes(text, said)
-        reason = None
+        reason, directed = None, 0
         if quoted and word_count(text) < MIN_WORDS_LEFT:
             reason = f"repeated the person's message ({quoted} words); turn skipped"
         elif not text:
@@ -82,6 +82,10 @@ def speaker_node(roster: Roster, persona: Persona, model: BaseChatModel) -> Node
             reason = f"echoed the stage direction; turn skipped: {text[:80]!r}"
         elif copies_voice(text, [m.text for m in round_messages(state["messages"])]):
             reason = f"repeated a voice heard this round; turn skipped: {text[:80]!r}"
+        else:  # the direction is for the voice, not the person: its words do not reach them
+            text, directed = cut_quotes(text, [direction.action])
+            if directed and word_count(text) < MIN_WORDS_LEFT:
+                reason = f"repeated the stage direction ({directed} words); turn skipped"
         resources = (direction.guard or {}).get("resources")
         notes = []
         if reason and resources:  # the person in crisis gets the resources whatever the reply was
@@ -95,6 +99,8 @@ def speaker_node(roster: Roster, persona: Persona, model: BaseChatModel) -> Node
             logger.warning("%s: %s", persona.id, reason)
             update["fallbacks"] = [{"node": persona.id, "round": state.get("round", 0), "reason": reason}]
             return update
+        if directed:
+            notes.insert(0, f"repeated {directed} words of the stage direction; cut")
         if quoted:
             notes.insert(0, f"repeated {quoted} words of the person's message; cut")
         for note in notes:

@@ -45,6 +45,10 @@ class DirectorState(TypedDict, total=False):
             rule, route, forbidden voices, resources), or ``None``; set at the round's
             first decision.
         guards: Every rule that fired, with the ``round`` it governed, in order.
+        proposed: The direction waiting for the app's approval (``approve=True``), or ``None``.
+        approvals: Every answer of the app to an approval interrupt: ``round``, ``cut`` (the
+            messages before the decision), ``decision`` (``approved``, ``edited`` or
+            ``rejected``), ``proposed`` and ``played``.
     """
 
     messages: Annotated[list[AnyMessage], add_messages]
@@ -56,6 +60,8 @@ class DirectorState(TypedDict, total=False):
     user_profile: dict[str, Any] | None
     guard: dict[str, Any] | None
     guards: Annotated[list[dict[str, Any]], operator.add]
+    proposed: dict[str, Any] | None
+    approvals: Annotated[list[dict[str, Any]], operator.add]
 
 
 def stage_directions(state: DirectorState) -> list[StageDirection]:

@@ -220,6 +220,12 @@ class Roster(_Strict):
     director: DirectorGuidance = Field(description="Guidance for the Director: a mapping with `guidance`.")
     user_profiles: list[UserProfile] = Field(min_length=1, max_length=100,
                                              description="The people the user simulator plays; ids unique.")
+    voices_see: Literal["person", "round", "conversation"] = Field(
+        default="conversation",
+        description="What each voice sees of the conversation when it speaks: `person` (the person's messages "
+                    "only: voices cannot echo or defer to each other), `round` (the person's messages and the "
+                    "voices heard since the person's latest message) or `conversation` (everything). A stage "
+                    "direction's `sees` overrides it for one turn.")
     safety: list[SafetyRule] = Field(default_factory=list, max_length=20,
                                      description="Crisis rules the graph enforces whatever the Director writes "
                                                  "(see docs/safety.md); names unique, every id a "

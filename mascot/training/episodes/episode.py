@@ -87,6 +87,8 @@ class Episode(BaseModel):
         directions: Every Director decision, hand-backs to the person included.
         fallbacks: Every repaired or replaced model output.
         guards: Every safety rule that fired (``mascot.graphs.safety``), with the round it governed.
+        approvals: The app's answers to approval interrupts (``create_director_graph(approve=True)``):
+            ``round``, ``decision`` (approved, edited, rejected), ``proposed``, ``played``.
         policies: Role -> policy for the roles that took part.
         source: Rollout or imported checkpoint thread.
         created_at: When the record was written (UTC, ISO 8601).
@@ -105,6 +107,7 @@ class Episode(BaseModel):
     directions: list[dict[str, Any]] = Field(default_factory=list)
     fallbacks: list[dict[str, Any]] = Field(default_factory=list)
     guards: list[dict[str, Any]] = Field(default_factory=list)
+    approvals: list[dict[str, Any]] = Field(default_factory=list)
     policies: dict[str, TurnPolicy] = Field(default_factory=dict)
     source: EpisodeSource
     created_at: str = Field(default_factory=lambda: datetime.now(UTC).isoformat(timespec="seconds"))
@@ -133,7 +136,7 @@ def episode_from_state(
 
     Works on the director graph's state and on any state with a ``messages`` list:
     persona turns are AI messages with ``name``; tool calls and tool results are left
-    out. ``directions``, ``fallbacks``, ``guards``, ``scenario`` and ``user_profile`` are kept where
+    out. ``directions``, ``fallbacks``, ``guards``, ``approvals``, ``scenario`` and ``user_profile`` are kept where
     the state has them and they validate.
 
     Args:
@@ -168,6 +171,7 @@ def episode_from_state(
         directions=list(state.get("directions") or []),
         fallbacks=list(state.get("fallbacks") or []),
         guards=list(state.get("guards") or []),
+        approvals=list(state.get("approvals") or []),
         policies=policies,
         source=source,
         duration_s=duration_s,
