@@ -309,3 +309,28 @@ def test_an_openai_model_call_records_its_model_and_usage_and_never_its_key(
         "gen_ai.response.finish_reasons": ("stop",)}
     recorded = _texts(tree.spans)
     assert "SERVED-REPLY" in recorded and "SECRET" not in recorded  # content on request; the key never
+
+
+def test_approval_is_traced_as_its_own_step(roster: Roster, provider: TracerProvider,
+                                            exporter: InMemorySpanExporter) -> None:
+    from langgraph.checkpoint.memory import InMemorySaver
+    from langgraph.types import Command
+
+    director = ScriptedChat(replies=[direction("beacon"), direction("anchor"), direction("user")])
+    graph = create_director_graph(roster, director=director, speakers=voices(), approve=True).compile(
+        checkpointer=InMemorySaver())
+    config = {"configurable": {"thread_id": "approved"}, "callbacks": [OpenTelemetryTracer(provider)]}
+    graph.invoke({"messages": [HumanMessage("I failed my driving test again")]}, config)
+    graph.invoke(Command(resume="reject"), config)
+    graph.invoke(Command(resume="approve"), config)
+    tree = Tree(exporter.get_finished_spans())
+    asked = [s for s in tree.named("invoke_agent director") if s.attributes.get("mascot.direction.approval") == "asked"]
+    assert [s.attributes["mascot.direction.speaker"] for s in asked] == ["beacon", "anchor"]
+    # each question is a step that the interrupt ends; each answer, one that goes on
+    answers = [s for s in tree.named("invoke_agent approve") if "mascot.approval.decision" in s.attributes]
+    assert len(tree.named("invoke_agent approve")) == 4
+    assert [s.attributes["mascot.approval.decision"] for s in answers] == ["rejected", "approved"]
+    assert answers[1].attributes["mascot.handoff.to"] == "anchor"
+    (turn,) = tree.named("invoke_agent anchor")
+    assert turn.attributes["mascot.handoff.from"] == "director"
+    assert not tree.named("invoke_agent beacon")  # the rejected voice never spoke

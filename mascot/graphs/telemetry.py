@@ -33,7 +33,7 @@ from langchain_core.outputs import ChatGeneration, LLMResult
 from langgraph.errors import GraphInterrupt
 from langgraph.types import Command
 
-from mascot.graphs.director import DIRECTOR_NODE
+from mascot.graphs.director import APPROVAL_NODE, DIRECTOR_NODE
 from mascot.graphs.user import USER_NODE
 
 if TYPE_CHECKING:
@@ -245,7 +245,11 @@ class OpenTelemetryTracer(BaseCallbackHandler):
         """A Director node's decision (its ``Command``), or a voice turn that was skipped."""
         if isinstance(outputs, Command):
             update = outputs.update if isinstance(outputs.update, dict) else {}
-            directions = update.get("directions")
+            directions = update.get("directions") or ([update["proposed"]] if update.get("proposed") else None)
+            if update.get("proposed"):  # approve=True: the app answers before the voice speaks
+                span.set_attribute("mascot.direction.approval", "asked")
+            if update.get("approvals"):
+                span.set_attribute("mascot.approval.decision", str(update["approvals"][-1].get("decision")))
             if directions:
                 direction = directions[-1]
                 span.set_attribute("mascot.direction.speaker", str(direction.get("speaker")))
@@ -282,7 +286,7 @@ def _node_role(name: Any, inputs: Any, tags: Sequence[str], metadata: dict[str, 
         return None
     if not any(tag.startswith("graph:step:") for tag in tags):
         return None
-    if name in (DIRECTOR_NODE, USER_NODE):
+    if name in (DIRECTOR_NODE, USER_NODE, APPROVAL_NODE):
         return name
     directions = inputs.get("directions") or []
     return name if directions and isinstance(directions[-1], dict) and directions[-1].get("speaker") == name else None
