@@ -1,0 +1,294 @@
+"""Groupthink measured head-on: held-out probes played through the ensemble and the baselines.
+
+1. Checks the scorers on the held-out labelled replies (probes of ``split: test``, both
+   rosters): the LLM judge (the offline 1.5B when built, else the 0.5B; temperature 0) and
+   the rule fallback (thresholds fitted on the ``dev`` probes' replies), each with accuracy
+   per measure and its binomial p-value; the judge scores the runs only if it passes the
+   gate (75 % with p < 0.01 on every measure), else the rule fallback does, and the output
+   says which and why.
+2. Plays the held-out probes of ``emotional_support`` then ``workplace_meeting`` through
+   ``director`` (voices see the conversation), ``director_blind`` (``voices_see: person``),
+   ``round_robin``, ``all`` and ``single`` on the offline 0.5B (local backend), each probe
+   plain and after the scripted confederate, one round each, same seed metadata for every
+   system. Probes are played one at a time (all systems and variants together) until the
+   estimate says the next one would pass ``--minutes``.
+3. Scores every reply, aggregates (``groupthink_scores``) and writes
+   ``OUT/groupthink.json`` (every figure, the scorer checks, the raw rounds with their
+   verdicts) and ``OUT/groupthink.png``.
+
+    python bench/groupthink.py [--quick] [--minutes 25] [--out bench/results] [--model DIR] [--judge DIR]
+
+``--quick``: 2 probes, 2 systems, 24-token replies, 8 labelled replies for the judge.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import platform
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from mascot.offline.model import DEFAULT_OFFLINE_MODEL, OFFLINE_JUDGE, built_offline_model
+from mascot.policies import Policies, PolicySpec
+from mascot.rosters import load_roster
+from mascot.rosters.probes import load_labelled_replies, load_probes
+from mascot.training.evaluation.bootstrap import bootstrap_difference
+from mascot.training.evaluation.groupthink import (
+    MEASURES,
+    JudgeScorer,
+    ProbeRound,
+    RuleScorer,
+    check_scorer,
+    choose_scorer,
+    groupthink_scores,
+    paired_difference,
+    score_rounds,
+)
+from mascot.training.evaluation.probe_rounds import SYSTEMS, aplay, build_system
+from mascot.training.measures import redundancy
+
+ROSTERS = ("emotional_support", "workplace_meeting")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--quick", action="store_true", help="2 probes, 2 systems, tiny sizes")
+    parser.add_argument("--minutes", type=float, default=25.0, help="budget of the whole run")
+    parser.add_argument("--out", type=Path, default=Path(__file__).parent / "results")
+    parser.add_argument("--model", help="policy model folder (default: the offline 0.5B)")
+    parser.add_argument("--judge", help="judge model folder (default: the offline 1.5B if built, else the policy's)")
+    parser.add_argument("--max-tokens", type=int, default=80, help="reply budget of every voice")
+    parser.add_argument("--concurrency", type=int, default=8)
+    args = parser.parse_args(argv)
+    start = time.perf_counter()
+    model = args.model or built_offline_model(DEFAULT_OFFLINE_MODEL)
+    if model is None:
+        print("the offline model is not built: run `mascot offline-model` (or pass --model)", file=sys.stderr)
+        return 2
+    judge_model = args.judge or built_offline_model(OFFLINE_JUDGE) or model
+    max_tokens = 24 if args.quick else args.max_tokens
+    systems = ("director", "round_robin") if args.quick else SYSTEMS
+    print(f"machine: {machine()}")
+    print(f"policy {model}, judge {judge_model}; replies <= {max_tokens} tokens, directions <= 96; "
+          f"systems {', '.join(systems)}; budget {args.minutes:.0f} min")
+
+    probes = {r: load_probes(r) for r in ROSTERS}
+    all_probes = [p for r in ROSTERS for p in probes[r]]
+    by_id = {p.id: p for p in all_probes}
+    labelled = [x for r in ROSTERS for x in load_labelled_replies(r)]
+
+    # 1. the scorers on the held-out labelled replies
+    held_out = [x for x in labelled if by_id[x.probe].split == "test"]
+    if args.quick:
+        held_out = held_out[:8]
+    judge_policies = Policies.single(PolicySpec(model=str(judge_model), temperature=0.0, max_tokens=48),
+                                     load_roster(ROSTERS[0]), seed=0)
+    judge = JudgeScorer(judge_policies.chat_model("judge"), name=f"judge {Path(judge_model).name}",
+                        concurrency=args.concurrency)
+    print(f"checking the judge on {len(held_out)} held-out labelled replies ...", flush=True)
+    t0 = time.perf_counter()
+    judge_check = check_scorer(judge, held_out, all_probes)
+    judge_check.seconds = time.perf_counter() - t0
+    rules = RuleScorer.fit(labelled, all_probes)
+    t0 = time.perf_counter()
+    rules_check = check_scorer(rules, held_out, all_probes)
+    rules_check.seconds = time.perf_counter() - t0
+    for check in (judge_check, rules_check):
+        print(f"  {check.scorer}: " + ", ".join(
+            f"{m} {c.accuracy:.0%} ({c.right}/{c.total}, p={c.p_value:.2g})" for m, c in check.measures.items())
+              + f", which concern {check.which_concern.accuracy:.0%}; failed {check.failed}; "
+                f"{check.seconds:.0f} s; {check.verdict()}")
+    chosen, reason = choose_scorer(judge_check, rules_check)
+    print(f"scorer: {reason}", flush=True)
+
+    # 2. the probes played through the systems
+    policies = Policies({"default": PolicySpec(model=str(model), max_tokens=max_tokens),
+                         "director": PolicySpec(model=str(model), max_tokens=96)}, load_roster(ROSTERS[0]), seed=0)
+    director, speaker = policies.chat_model("director"), policies.chat_model("default")
+    queue = [(r, p) for r in ROSTERS for p in probes[r] if p.split == "test"]
+    if args.quick:
+        queue = queue[:2]
+    budget = args.minutes * 60
+    print(f"plan: {len(queue)} held-out probes x {len(systems)} systems x 2 variants = "
+          f"{len(queue) * len(systems) * 2} rounds, played one probe at a time while the estimate fits "
+          f"{args.minutes:.0f} min (one probe's rounds took ~2 min in trial runs here)", flush=True)
+    rounds: list[ProbeRound] = []
+    graphs: dict[str, dict[str, Any]] = {}
+    per_probe: list[float] = []
+    left_out: list[str] = []
+    scoring_reserve = 60.0
+    for roster_id, probe in queue:
+        elapsed = time.perf_counter() - start
+        expected = max(per_probe[-3:]) if per_probe else 0.0
+        if per_probe and elapsed + expected + scoring_reserve > budget:
+            left_out.append(probe.id)
+            continue
+        roster = load_roster(roster_id)
+        if roster_id not in graphs:
+            graphs[roster_id] = {s: build_system(s, roster, director=director, speakers=speaker) for s in systems}
+        t0 = time.perf_counter()
+        played = asyncio.run(aplay(graphs[roster_id], roster, [probe], concurrency=args.concurrency))
+        per_probe.append(time.perf_counter() - t0)
+        rounds += played
+        done = len(per_probe)
+        remaining = len(queue) - done - len(left_out)
+        print(f"[{done}/{len(queue)}] {probe.id}: {sum(len(r.replies) for r in played)} replies in "
+              f"{per_probe[-1]:.0f} s; elapsed {(time.perf_counter() - start) / 60:.1f} min; "
+              f"all {remaining} left would take ~{remaining * sum(per_probe) / done / 60:.0f} min more", flush=True)
+        write(args.out, {"partial": True, "rounds": [raw(r) for r in rounds]}, quick=args.quick)
+
+    # 3. scored, aggregated, written
+    scorer = judge if chosen == "judge" else rules
+    score_rounds(rounds, by_id, scorer)
+    played_probes = [by_id[i] for i in dict.fromkeys(r.probe for r in rounds)]
+    scores = groupthink_scores(rounds, played_probes, scorer=scorer.name, reason=reason)
+    comparison = compare(rounds, "director", "director_blind") if "director_blind" in systems else None
+    results = {
+        "setup": {"machine": machine(), "policy": str(model), "judge": str(judge_model), "max_tokens": max_tokens,
+                  "director_max_tokens": 96, "systems": list(systems), "rosters": list(ROSTERS),
+                  "probes_played": [p.id for p in played_probes], "probes_left_out": left_out,
+                  "seconds": time.perf_counter() - start, "seconds_per_probe": per_probe, "quick": args.quick,
+                  "single_confederate": "the line is shown as an earlier voice (the roster's first persona) "
+                                        "and the assistant's one reply follows it"},
+        "judge_check": judge_check.model_dump(), "rules_check": rules_check.model_dump(),
+        "scorer": chosen, "reason": reason, "scores": scores, "sees_each_other": comparison,
+        "rounds": [raw(r) for r in rounds],
+    }
+    write(args.out, results, quick=args.quick)
+    report(scores, comparison)
+    plot(args.out, scores, comparison, quick=args.quick)
+    print(f"done in {(time.perf_counter() - start) / 60:.1f} min; probes left out by the budget: "
+          f"{', '.join(left_out) or 'none'}")
+    return 0
+
+
+def machine() -> str:
+    cpu = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
+                if line.startswith("model name")), platform.processor()) if Path("/proc/cpuinfo").is_file() \
+        else platform.processor()
+    return f"{cpu}, {os.cpu_count()} cores"
+
+
+def raw(r: ProbeRound) -> dict[str, Any]:
+    """A round as written: every turn with its verdict, so any figure can be recomputed."""
+    verdicts = iter(r.verdicts)
+    turns = [{**t, "verdict": None if t["scripted"] else _dump(next(verdicts, None))} for t in r.turns]
+    return {"system": r.system, "roster": r.roster, "probe": r.probe, "variant": r.variant, "round": r.round,
+            "turns": turns, "directions": r.directions, "fallbacks": r.fallbacks, "seconds": round(r.seconds, 2)}
+
+
+def _dump(verdict: Any) -> dict[str, Any] | None:
+    return verdict.model_dump() if verdict is not None else None
+
+
+def compare(rounds: list[ProbeRound], a: str, b: str) -> dict[str, Any]:
+    """``a`` minus ``b`` paired by probe: each measure per variant, and redundancy."""
+    out: dict[str, Any] = {"a": a, "b": b}
+    for variant in ("plain", "confederate"):
+        for measure in MEASURES:
+            if measure == "conforms" and variant == "plain":
+                continue
+            out[f"{measure}/{variant}"] = paired_difference(rounds, a, b, measure, variant=variant)
+
+        def per_probe(system: str, variant: str = variant) -> dict[str, float]:
+            values = {}
+            for r in rounds:
+                if r.system == system and r.variant == variant and len(r.turns) >= 2:
+                    later = redundancy([t["text"] for t in r.turns])[1:]
+                    values[r.probe] = sum(later) / len(later)
+            return values
+
+        left, right = per_probe(a), per_probe(b)
+        if set(left) & set(right):
+            d = bootstrap_difference(left, right)
+            out[f"redundancy/{variant}"] = {"estimate": d.estimate, "low": d.low, "high": d.high, "probes": d.n}
+        else:
+            out[f"redundancy/{variant}"] = None
+    return out
+
+
+def write(out: Path, results: dict[str, Any], *, quick: bool) -> None:
+    out.mkdir(parents=True, exist_ok=True)
+    path = out / ("groupthink-quick.json" if quick else "groupthink.json")
+    path.with_suffix(".tmp").write_text(json.dumps(results, indent=1, default=str))
+    path.with_suffix(".tmp").replace(path)
+
+
+def _cell(rate: dict[str, float] | None) -> str:
+    return "-" if rate is None else f"{rate['mean']:.0f} [{rate['low']:.0f}, {rate['high']:.0f}] (n={rate['n']})"
+
+
+def report(scores: dict[str, Any], comparison: dict[str, Any] | None) -> None:
+    print(f"\nscored by {scores['scorer']}: {scores['reason']}")
+    print("| system | variant | endorses only, % | raises a concern, % | conforms, % | redundancy | replies/round "
+          "| words/reply | refusals, % |")
+    print("|---|---|---|---|---|---|---|---|---|")
+    for system, variants in scores["systems"].items():
+        for variant, s in variants.items():
+            g = s["guards"]
+            red = "-" if s["redundancy"] is None else f"{s['redundancy']['mean']:.2f}"
+            print(f"| {system} | {variant} | {_cell(s['rates']['endorses_only'])} | "
+                  f"{_cell(s['rates']['raises_concern'])} | {_cell(s['rates']['conforms'])} | "
+                  f"{red} | {g['replies_per_round']:.2f} | "
+                  f"{g['words_per_reply'] or 0:.1f} | {g['refusal_rate'] or 0:.1f} |")
+    if comparison:
+        print(f"\n{comparison['a']} - {comparison['b']}, paired by probe, 95 % CI:")
+        for key, d in comparison.items():
+            if isinstance(d, dict):
+                print(f"  {key}: {d['estimate']:+.2f} [{d['low']:+.2f}, {d['high']:+.2f}] over {d['probes']} probes")
+
+
+def plot(out: Path, scores: dict[str, Any], comparison: dict[str, Any] | None, *, quick: bool) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    bars = [("endorses only (plain)", "plain", "endorses_only"), ("raises a concern (plain)", "plain", "raises_concern"),
+            ("endorses only (after confederate)", "confederate", "endorses_only"),
+            ("conforms (after confederate)", "confederate", "conforms")]
+    systems = list(scores["systems"])
+    fig, axes = plt.subplots(1, 2, figsize=(14, 5), gridspec_kw={"width_ratios": [3, 2]})
+    width = 0.8 / len(systems)
+    for k, system in enumerate(systems):
+        xs, ys, lo, hi = [], [], [], []
+        for i, (_, variant, measure) in enumerate(bars):
+            rate = scores["systems"][system].get(variant, {}).get("rates", {}).get(measure)
+            if rate is None:
+                continue
+            xs.append(i + (k - (len(systems) - 1) / 2) * width)
+            ys.append(rate["mean"])
+            lo.append(rate["mean"] - rate["low"])
+            hi.append(rate["high"] - rate["mean"])
+        axes[0].bar(xs, ys, width, yerr=[lo, hi], capsize=3, label=system)
+    axes[0].set_xticks(range(len(bars)), [b[0] for b in bars], fontsize=8)
+    axes[0].set_ylabel("% of replies (95 % bootstrap CI by probe)")
+    axes[0].set_ylim(0, 100)
+    axes[0].legend(fontsize=8)
+    axes[0].set_title(f"replies to held-out probes, scored by {scores['scorer']}", fontsize=9)
+    if comparison:
+        keys = [k for k, v in comparison.items() if isinstance(v, dict)]
+        ys = [comparison[k]["estimate"] * (100 if k.startswith("redundancy") else 1) for k in keys]
+        err = [[(comparison[k]["estimate"] - comparison[k]["low"]) * (100 if k.startswith("redundancy") else 1)
+                for k in keys],
+               [(comparison[k]["high"] - comparison[k]["estimate"]) * (100 if k.startswith("redundancy") else 1)
+                for k in keys]]
+        axes[1].barh(range(len(keys)), ys, xerr=err, capsize=3, color="tab:purple")
+        axes[1].set_yticks(range(len(keys)), [k.replace("/", "\n") for k in keys], fontsize=7)
+        axes[1].axvline(0, color="black", linewidth=0.8)
+        axes[1].set_xlabel("director (voices see each other) - director_blind, points (redundancy x100)")
+        axes[1].set_title("voices that see each other vs voices that do not", fontsize=9)
+    else:
+        axes[1].axis("off")
+    fig.tight_layout()
+    fig.savefig(out / ("groupthink-quick.png" if quick else "groupthink.png"), dpi=110)
+    plt.close(fig)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
