@@ -25,5 +25,6 @@ def test_a_waiting_command_stops_on_the_signal_as_on_ctrl_c(sig: signal.Signals)
         prompt += os.read(process.stdout.fileno(), 64).decode()
     assert "you>" in prompt
     process.send_signal(sig)
+    process.wait(timeout=30)  # before stdin closes: an end of input would end the chat too
     _, err = process.communicate(timeout=30)
     assert process.returncode == 130 and "interrupted" in err and "Traceback" not in err
