@@ -36,7 +36,7 @@ from pathlib import Path
 import pytest
 import yaml
 from fakes import PromptChat, digest
-from test_safety_memory import EXTRAS
+from test_safety_memory import PLAIN_INSTALL
 from langchain_core.messages import HumanMessage
 from langgraph.checkpoint.sqlite import SqliteSaver
 
@@ -54,19 +54,6 @@ NOT_RUN = {"gpu", "online", "scratch", "serves"}
 #: Seconds one block (python) or one page (shell) may run.
 TIMEOUT_S = 600
 _FENCE = re.compile(r"^(`{3,})(.*)$")
-#: What a plain ``pip install mascot`` lacks (every extra's packages), blocked for the README's
-#: Python blocks: importing one fails as it would there.
-PLAIN_INSTALL = f"""
-import importlib.abc, importlib.util, sys
-EXTRAS = {sorted(EXTRAS)!r}
-class PlainInstall(importlib.abc.MetaPathFinder):
-    def find_spec(self, name, path=None, target=None):
-        if name.split('.')[0] in EXTRAS:
-            raise ModuleNotFoundError('not in a plain install: ' + name)
-sys.meta_path.insert(0, PlainInstall())
-find_spec = importlib.util.find_spec
-importlib.util.find_spec = lambda name, *a: None if name.split('.')[0] in EXTRAS else find_spec(name, *a)
-"""
 #: Variables that would send a block's calls elsewhere than the stub (or to LangSmith).
 _UNSET = ("OPENAI_API_BASE", "OPENAI_ORGANIZATION", "LANGSMITH_TRACING", "LANGCHAIN_TRACING_V2",
           "LANGSMITH_API_KEY", "LANGCHAIN_API_KEY")

