@@ -81,13 +81,15 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def stop_on_signals() -> None:
-    """Make SIGTERM and SIGHUP end this process as Ctrl-C does (``KeyboardInterrupt``), so
-    what it started (a vLLM server in its own session, a stage's process) is stopped on the
-    way out instead of being left running."""
+    """Make SIGTERM, SIGHUP and SIGINT end this process as Ctrl-C does (``KeyboardInterrupt``),
+    so what it started (a vLLM server in its own session, a stage's process) is stopped on
+    the way out instead of being left running. SIGINT is set too because a process started
+    as a shell's background job inherits it ignored, and Python then never raises
+    ``KeyboardInterrupt``: ``kill -INT`` would do nothing."""
     def interrupt(signum: int, frame: object) -> None:
         raise KeyboardInterrupt(signal.Signals(signum).name)
 
-    for sig in (signal.SIGTERM, signal.SIGHUP):
+    for sig in (signal.SIGTERM, signal.SIGHUP, signal.SIGINT):
         signal.signal(sig, interrupt)
 
 
