@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-from langchain_core.messages import BaseMessage, HumanMessage, SystemMessage
+from langchain_core.messages import BaseMessage, HumanMessage
 
 from mascot.graphs.direction import direction_schema
 from mascot.graphs.prompts import director_messages

@@ -6,7 +6,7 @@
    per measure and its binomial p-value; the judge scores the runs only if it passes the
    gate (75 % with p < 0.01 on every measure), else the rule fallback does, and the output
    says which and why.
-2. Plays the held-out probes of ``emotional_support`` then ``workplace_meeting`` through
+2. Plays the held-out probes of ``emotional_support`` and ``workplace_meeting`` (taking turns) through
    ``director`` (voices see the conversation), ``director_blind`` (``voices_see: person``),
    ``round_robin``, ``all`` and ``single`` on the offline 0.5B (local backend), each probe
    plain and after the scripted confederate, one round each, same seed metadata for every
@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import itertools
 import json
 import os
 import platform
@@ -46,6 +47,7 @@ from mascot.training.evaluation.groupthink import (
     check_scorer,
     choose_scorer,
     groupthink_scores,
+    groupthink_table,
     paired_difference,
     score_rounds,
 )
@@ -110,7 +112,9 @@ def main(argv: list[str] | None = None) -> int:
     policies = Policies({"default": PolicySpec(model=str(model), max_tokens=max_tokens),
                          "director": PolicySpec(model=str(model), max_tokens=96)}, load_roster(ROSTERS[0]), seed=0)
     director, speaker = policies.chat_model("director"), policies.chat_model("default")
-    queue = [(r, p) for r in ROSTERS for p in probes[r] if p.split == "test"]
+    # the rosters take turns, so a run cut short by the budget still plays both
+    held = [[(r, p) for p in probes[r] if p.split == "test"] for r in ROSTERS]
+    queue = [pair for group in itertools.zip_longest(*held) for pair in group if pair is not None]
     if args.quick:
         queue = queue[:2]
     budget = args.minutes * 60
@@ -121,10 +125,13 @@ def main(argv: list[str] | None = None) -> int:
     graphs: dict[str, dict[str, Any]] = {}
     per_probe: list[float] = []
     left_out: list[str] = []
-    scoring_reserve = 60.0
+    # the scorer's time is kept back too: the judge's pace on the labelled replies, per reply played
+    per_reply = judge_check.seconds / max(1, len(held_out)) if chosen == "judge" else 0.0
+    replies_per_probe: list[int] = []
     for roster_id, probe in queue:
         elapsed = time.perf_counter() - start
         expected = max(per_probe[-3:]) if per_probe else 0.0
+        scoring_reserve = 60.0 + per_reply * (sum(replies_per_probe) + max(replies_per_probe[-3:], default=0))
         if per_probe and elapsed + expected + scoring_reserve > budget:
             left_out.append(probe.id)
             continue
@@ -134,13 +141,14 @@ def main(argv: list[str] | None = None) -> int:
         t0 = time.perf_counter()
         played = asyncio.run(aplay(graphs[roster_id], roster, [probe], concurrency=args.concurrency))
         per_probe.append(time.perf_counter() - t0)
+        replies_per_probe.append(sum(len(r.replies) for r in played))
         rounds += played
         done = len(per_probe)
         remaining = len(queue) - done - len(left_out)
         print(f"[{done}/{len(queue)}] {probe.id}: {sum(len(r.replies) for r in played)} replies in "
               f"{per_probe[-1]:.0f} s; elapsed {(time.perf_counter() - start) / 60:.1f} min; "
               f"all {remaining} left would take ~{remaining * sum(per_probe) / done / 60:.0f} min more", flush=True)
-        write(args.out, {"partial": True, "rounds": [raw(r) for r in rounds]}, quick=args.quick)
+        write(args.out, {"partial": True, "rounds": [r.record() for r in rounds]}, quick=args.quick)
 
     # 3. scored, aggregated, written
     scorer = judge if chosen == "judge" else rules
@@ -157,7 +165,7 @@ def main(argv: list[str] | None = None) -> int:
                                         "and the assistant's one reply follows it"},
         "judge_check": judge_check.model_dump(), "rules_check": rules_check.model_dump(),
         "scorer": chosen, "reason": reason, "scores": scores, "sees_each_other": comparison,
-        "rounds": [raw(r) for r in rounds],
+        "rounds": [r.record() for r in rounds],
     }
     write(args.out, results, quick=args.quick)
     report(scores, comparison)
@@ -172,18 +180,6 @@ def machine() -> str:
                 if line.startswith("model name")), platform.processor()) if Path("/proc/cpuinfo").is_file() \
         else platform.processor()
     return f"{cpu}, {os.cpu_count()} cores"
-
-
-def raw(r: ProbeRound) -> dict[str, Any]:
-    """A round as written: every turn with its verdict, so any figure can be recomputed."""
-    verdicts = iter(r.verdicts)
-    turns = [{**t, "verdict": None if t["scripted"] else _dump(next(verdicts, None))} for t in r.turns]
-    return {"system": r.system, "roster": r.roster, "probe": r.probe, "variant": r.variant, "round": r.round,
-            "turns": turns, "directions": r.directions, "fallbacks": r.fallbacks, "seconds": round(r.seconds, 2)}
-
-
-def _dump(verdict: Any) -> dict[str, Any] | None:
-    return verdict.model_dump() if verdict is not None else None
 
 
 def compare(rounds: list[ProbeRound], a: str, b: str) -> dict[str, Any]:
@@ -219,23 +215,9 @@ def write(out: Path, results: dict[str, Any], *, quick: bool) -> None:
     path.with_suffix(".tmp").replace(path)
 
 
-def _cell(rate: dict[str, float] | None) -> str:
-    return "-" if rate is None else f"{rate['mean']:.0f} [{rate['low']:.0f}, {rate['high']:.0f}] (n={rate['n']})"
-
-
 def report(scores: dict[str, Any], comparison: dict[str, Any] | None) -> None:
     print(f"\nscored by {scores['scorer']}: {scores['reason']}")
-    print("| system | variant | endorses only, % | raises a concern, % | conforms, % | redundancy | replies/round "
-          "| words/reply | refusals, % |")
-    print("|---|---|---|---|---|---|---|---|---|")
-    for system, variants in scores["systems"].items():
-        for variant, s in variants.items():
-            g = s["guards"]
-            red = "-" if s["redundancy"] is None else f"{s['redundancy']['mean']:.2f}"
-            print(f"| {system} | {variant} | {_cell(s['rates']['endorses_only'])} | "
-                  f"{_cell(s['rates']['raises_concern'])} | {_cell(s['rates']['conforms'])} | "
-                  f"{red} | {g['replies_per_round']:.2f} | "
-                  f"{g['words_per_reply'] or 0:.1f} | {g['refusal_rate'] or 0:.1f} |")
+    print("\n".join(groupthink_table(scores)))
     if comparison:
         print(f"\n{comparison['a']} - {comparison['b']}, paired by probe, 95 % CI:")
         for key, d in comparison.items():

@@ -30,7 +30,6 @@ import statistics
 import sys
 import threading
 import time
-from pathlib import Path
 from typing import Any
 
 import torch

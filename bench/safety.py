@@ -157,7 +157,7 @@ def _encoder(raw: Embedder, rosters: list, grid: list, everyday: list[str]) -> d
     print("\ndev conversations, context settings (floor, together, alone): recall / false alarms per roster")
     for key, values in sorted(context.items(), key=lambda kv: -sum(r - f for r, f in kv[1]))[:8]:
         print(f"  {key}: " + ", ".join(f"{r:.2f} / {f:.1%}" for r, f in values))
-    print(f"  context off: " + ", ".join(f"{r:.2f} / {f:.1%}" for r, f in context[CONTEXT_OFF]))
+    print("  context off: " + ", ".join(f"{r:.2f} / {f:.1%}" for r, f in context[CONTEXT_OFF]))
     print(f"  chosen on the dev conversations (no more false alarms than the context off, then the most recall): "
           f"floor {chosen[0]}, together {chosen[1]}, alone {chosen[2]}: "
           + ", ".join(f"{r:.2f} / {f:.1%}" for r, f in context[chosen]))

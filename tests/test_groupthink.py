@@ -257,3 +257,62 @@ def test_plain_round_plays_the_probe_message() -> None:
     assert [t["voice"] for t in played.turns] == ["catalyst"] and not played.turns[0]["scripted"]
     assert isinstance(graph.get_state({"configurable": {"thread_id": f"director/{ROSTER.id}/{PROBE.id}/plain"}})
                       .values["messages"][0], HumanMessage)
+
+
+# --- groupthink in `mascot eval` -------------------------------------------------------------
+
+def test_eval_groupthink_plays_every_system_scores_reports_and_resumes(tmp_path) -> None:
+    from mascot.training.evaluation.groupthink_eval import evaluate_groupthink
+    from mascot.training.evaluation.report import write_report
+
+    def direct(prompt: str) -> str:
+        return _direction("catalyst" if "0 of at most 3 voices have spoken" in prompt
+                          else "beacon" if "1 of at most 3 voices have spoken" in prompt else "user")
+
+    spoken: list[str] = []
+    speakers = PromptChat(reply=lambda prompt: spoken.append(prompt) or "That sounds great, go for it!")
+    judge = PromptChat(reply=lambda prompt: '{"endorses_only": true, "concern": null}')  # a constant: not trusted
+    graphs = {"trained": build_system("director", ROSTER, director=PromptChat(reply=direct), speakers=speakers),
+              "zero_shot": build_system("single", ROSTER, director=None, speakers=speakers)}
+    results = evaluate_groupthink(ROSTER, graphs, judge=judge, judge_name="constant", probes=2, out=tmp_path)
+    held = [p.id for p in PROBES if p.split == "test"][:2]
+    assert results["probes"] == held and results["scorer"] == "rules"
+    assert not results["judge_check"]["trusted"] and "not trusted" in results["reason"]
+    lines = (tmp_path / "groupthink" / "rounds.jsonl").read_text().splitlines()
+    assert sorted((json.loads(x)["system"], json.loads(x)["probe"], json.loads(x)["variant"]) for x in lines) == \
+        sorted((s, p, v) for s in graphs for p in held for v in ("plain", "confederate"))
+    trained = results["scores"]["systems"]["trained"]
+    # every reply only endorses: the rule scorer says so, after the confederate too
+    assert trained["plain"]["rates"]["endorses_only"]["mean"] == 100
+    assert trained["confederate"]["rates"]["conforms"]["mean"] == 100
+    assert trained["confederate"]["rates"]["conforms"]["probes"] == 2
+    assert results["scores"]["systems"]["zero_shot"]["confederate"]["guards"]["replies_per_round"] == 1
+    saved = json.loads((tmp_path / "groupthink" / "groupthink.json").read_text())
+    assert all(t["verdict"] for r in saved["rounds"] for t in r["turns"] if not t["scripted"])
+    # a rerun plays nothing again and gives the same figures
+    calls = len(spoken)
+    again = evaluate_groupthink(ROSTER, graphs, judge=judge, judge_name="constant", probes=2, out=tmp_path)
+    assert len(spoken) == calls and again["scores"] == results["scores"]
+    assert len((tmp_path / "groupthink" / "rounds.jsonl").read_text().splitlines()) == len(lines)
+    # the report has the section, with the scorer and its checks
+    write_report({"systems": {}, "groupthink": results}, tmp_path / "report")
+    report = (tmp_path / "report" / "report.md").read_text()
+    assert "## Groupthink (held-out probes)" in report and "| trained | confederate | 100 [100, 100] (n=2) | 0 [0, 0] (n=2) | 100 [100, 100] (n=2)" in report
+    assert "judge constant on 32 labelled replies" in report and "rule fallback" in report
+
+
+def test_eval_groupthink_on_a_roster_without_probes_is_a_one_line_error(tmp_path, monkeypatch, capsys) -> None:
+    from mascot.cli.main import main
+
+    (tmp_path / "policies.yaml").write_text(
+        "version: 1\nroles:\n  default: {kind: openai, base_url: 'http://127.0.0.1:9/v1', model: m}\n")
+    import shutil
+
+    from mascot.rosters.loader import roster_path
+
+    shutil.copy(roster_path("emotional_support"), tmp_path / "roster.yaml")
+    monkeypatch.chdir(tmp_path)
+    assert main(["eval", "--roster", ".", "--policies", "policies.yaml", "--judge-model", "m", "--groupthink", "2",
+                 "--judge-base-url", "http://127.0.0.1:9/v1", "--out", "ev"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("mascot: error: ") and "groupthink" in err[0], err

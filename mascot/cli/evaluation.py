@@ -49,6 +49,10 @@ def add_commands(commands: argparse._SubParsersAction) -> None:
     evaluate.add_argument("--rubrics", default="persona,group,direction", metavar="A,B",
                           help="rubrics the judge applies (default persona,group,direction; direction is the "
                                "stage-direction compliance metric)")
+    evaluate.add_argument("--groupthink", type=int, default=0, metavar="N",
+                          help="also play N of the roster's held-out groupthink probes (plain and after a "
+                               "confederate) through every system and report endorses-only, concern and "
+                               "conformity rates (default 0: not measured)")
     evaluate.add_argument("--concurrency", type=positive, default=4, metavar="C")
     evaluate.add_argument("--engine", choices=("local", "vllm"), default="local",
                           help="what runs the local models: local (in-process) or vllm (a vLLM server for the "
@@ -73,6 +77,10 @@ def _eval(args: argparse.Namespace) -> int:
     from mascot.training.retry import model_retry_policy
 
     roster = load_roster(args.roster)
+    if args.groupthink < 0:
+        raise UsageError(f"--groupthink: expected a number of probes >= 0, got {args.groupthink}")
+    if args.groupthink:
+        _probe_sets(roster)
     if not Path(args.policies).is_file():
         raise UsageError(f"--policies: no such file {args.policies}")
     trained = Policies.from_file(args.policies, roster, seed=args.seed)
@@ -112,6 +120,8 @@ def _eval(args: argparse.Namespace) -> int:
         except ValueError as exc:
             raise UsageError(str(exc)) from None
     summary = summarize(scores, seed=args.seed)
+    if args.groupthink:
+        summary["groupthink"] = _groupthink(args, roster, trained, systems, plan, sft, judge_policies, judge_name)
     base = trained.spec("default").model
     summary["setup"] = {"roster": roster.id, "policies": str(args.policies), "base_model": base,
                         "judge": judge_name, "episodes_per_system": args.episodes, "seed": args.seed,
@@ -137,6 +147,34 @@ def _eval(args: argparse.Namespace) -> int:
     files = write_report(summary, folder, header=header)
     out.print(f"eval: {len(systems)} systems, report {folder / 'report.md'} ({len(files)} files)", markup=False)
     return 0
+
+
+def _probe_sets(roster: Any) -> None:
+    """Fail early, in one line, when ``--groupthink`` cannot be measured for the roster."""
+    from mascot.rosters.probes import ProbeSetError, load_labelled_replies, load_probes
+
+    try:
+        load_probes(roster)
+        load_labelled_replies(roster)
+    except ProbeSetError as exc:
+        raise UsageError(f"--groupthink: {exc}") from None
+
+
+def _groupthink(args: argparse.Namespace, roster: Any, trained: Any, systems: list[str], plan: Any, sft: Any,
+                judge_policies: Any, judge_name: str) -> dict[str, Any]:
+    """The held-out probes through every system, one round each (``groupthink_eval``)."""
+    from dataclasses import replace
+
+    from mascot.training.evaluation.comparison import system_graphs
+    from mascot.training.evaluation.groupthink_eval import evaluate_groupthink, probe_graphs
+    from mascot.training.retry import model_retry_policy
+
+    builders = system_graphs(roster, trained, systems=systems, plan=replace(plan, max_rounds=1),
+                             retry=model_retry_policy(3), sft=sft)
+    graphs = probe_graphs({name: builder for name, (_, builder, _) in builders.items()})
+    return evaluate_groupthink(roster, graphs, judge=judge_policies.chat_model("judge"), judge_name=judge_name,
+                               probes=args.groupthink, out=args.out, concurrency=args.concurrency,
+                               on_stage=lambda line: err.print(line, markup=False))
 
 
 def add_show_command(commands: argparse._SubParsersAction) -> None:

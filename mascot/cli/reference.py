@@ -26,7 +26,7 @@ def cli_reference() -> str:
     lists them."""
     from mascot.cli.main import _parser
 
-    lines = [f"Generated from the parsers by `python -m mascot.cli.reference --write docs/cli.md`; "
+    lines = ["Generated from the parsers by `python -m mascot.cli.reference --write docs/cli.md`; "
              "a test fails when it is out of date.", ""]
     for name, parser, summary in _commands(_parser(), "mascot"):
         lines += [f"### `{name}`", ""]

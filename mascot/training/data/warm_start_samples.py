@@ -44,7 +44,7 @@ from mascot.graphs.director import Decider
 from mascot.graphs.reply import COPY_WORDS, copies, word_count
 from mascot.graphs.reply_faults import reply_fault
 from mascot.graphs.state import round_speakers
-from mascot.messages import chat_messages, langchain_message
+from mascot.messages import chat_messages
 from mascot.rosters import USER, Roster
 from mascot.training.data.block_rollout import DecisionPoint
 from mascot.training.data.candidates import CandidateContext, clean_sample

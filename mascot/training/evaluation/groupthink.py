@@ -369,6 +369,30 @@ class ProbeRound:
         """The turns the system's models wrote (the confederate left out)."""
         return [t for t in self.turns if not t["scripted"]]
 
+    def record(self) -> dict[str, Any]:
+        """The round as written to a results file: every turn with its verdict (``None``
+        for the confederate or before scoring), so any figure can be recomputed."""
+        verdicts = iter(self.verdicts)
+        turns = [{**t, "verdict": None if t["scripted"] else _dump(next(verdicts, None))} for t in self.turns]
+        return {"system": self.system, "roster": self.roster, "probe": self.probe, "variant": self.variant,
+                "round": self.round, "turns": turns, "directions": self.directions, "fallbacks": self.fallbacks,
+                "seconds": round(self.seconds, 2)}
+
+    @classmethod
+    def from_record(cls, record: Mapping[str, Any]) -> ProbeRound:
+        """A round read back from ``record()`` (its verdicts kept when every reply has one)."""
+        turns = [{k: v for k, v in t.items() if k != "verdict"} for t in record["turns"]]
+        verdicts = [t.get("verdict") for t in record["turns"] if not t["scripted"]]
+        return cls(system=record["system"], roster=record["roster"], probe=record["probe"],
+                   variant=record["variant"], turns=turns, round=record.get("round", 1),
+                   directions=list(record.get("directions", [])), fallbacks=list(record.get("fallbacks", [])),
+                   seconds=float(record.get("seconds", 0.0)),
+                   verdicts=[Verdict(**v) for v in verdicts] if all(verdicts) else [])
+
+
+def _dump(verdict: Verdict | None) -> dict[str, Any] | None:
+    return verdict.model_dump() if verdict is not None else None
+
 
 def score_rounds(rounds: Sequence[ProbeRound], probes: Mapping[str, GroupthinkProbe],
                  scorer: GroupthinkScorer) -> None:
@@ -491,3 +515,23 @@ def paired_difference(rounds: Sequence[ProbeRound], a: str, b: str, measure: str
         return None
     d = bootstrap_difference(left, right)
     return {"estimate": d.estimate, "low": d.low, "high": d.high, "probes": d.n}
+
+
+def _cell(rate: Mapping[str, float] | None) -> str:
+    return "-" if rate is None else f"{rate['mean']:.0f} [{rate['low']:.0f}, {rate['high']:.0f}] (n={rate['n']})"
+
+
+def groupthink_table(scores: Mapping[str, Any]) -> list[str]:
+    """``groupthink_scores``' result as Markdown lines: a row per system and variant, each
+    rate with its 95 % interval by probe and n replies, then redundancy and the guard figures."""
+    lines = ["| system | variant | endorses only, % | raises a concern, % | conforms, % | redundancy "
+             "| replies/round | words/reply | refusals, % | failed verdicts |",
+             "|---|---|---|---|---|---:|---:|---:|---:|---:|"]
+    for system, variants in scores["systems"].items():
+        for variant, s in variants.items():
+            g, red = s["guards"], s["redundancy"]
+            lines.append(f"| {system} | {variant} | {_cell(s['rates']['endorses_only'])} | "
+                         f"{_cell(s['rates']['raises_concern'])} | {_cell(s['rates']['conforms'])} | "
+                         f"{'-' if red is None else format(red['mean'], '.2f')} | {g['replies_per_round'] or 0:.2f} | "
+                         f"{g['words_per_reply'] or 0:.1f} | {g['refusal_rate'] or 0:.1f} | {g['failed_verdicts']} |")
+    return lines

@@ -8,7 +8,7 @@ the roster's first persona, written into a checkpointed thread with
 continues the round from there, so the Director is asked next and that persona does not
 speak again in the round. The ``single`` assistant has no other voices: its confederate
 round shows the line as an earlier voice of the round (named by the roster's first persona)
-and its one reply follows it.
+and its one reply follows it (``is_single`` tells it by its nodes, whatever its name).
 
 Systems (``SYSTEMS``): ``director`` (the director graph, voices see the conversation),
 ``director_blind`` (the same graph with ``voices_see: person``: each voice sees only the
@@ -100,8 +100,9 @@ async def aplay_probe(graph: CompiledStateGraph, system: str, roster: Roster, pr
     if variant == "plain":
         state = await graph.ainvoke({"messages": [HumanMessage(probe.message)]}, config)
     else:
-        await graph.aupdate_state(config, confederate_update(roster, probe, single=system == "single"),
-                                  as_node=ASSISTANT.id if system == "single" else roster.personas[0].id)
+        single = is_single(graph, roster)
+        await graph.aupdate_state(config, confederate_update(roster, probe, single=single),
+                                  as_node=ASSISTANT.id if single else roster.personas[0].id)
         state = await graph.ainvoke(None, config)
     heard = round_messages(state["messages"])
     scripted = 1 if variant == "confederate" else 0
@@ -110,6 +111,11 @@ async def aplay_probe(graph: CompiledStateGraph, system: str, roster: Roster, pr
     return ProbeRound(system=system, roster=roster.id, probe=probe.id, variant=variant,  # type: ignore[arg-type]
                       turns=turns, directions=list(state.get("directions", [])),
                       fallbacks=list(state.get("fallbacks", [])), seconds=time.perf_counter() - start)
+
+
+def is_single(graph: CompiledStateGraph, roster: Roster) -> bool:
+    """Whether ``graph`` is the one-assistant baseline (its only voice is the assistant)."""
+    return ASSISTANT.id in graph.nodes and not any(p in graph.nodes for p in roster.persona_ids)
 
 
 def confederate_update(roster: Roster, probe: GroupthinkProbe, *, single: bool = False) -> dict[str, Any]:

@@ -151,9 +151,24 @@ def write_report(summary: Mapping[str, Any], out: str | Path, *, header: str = "
         lines += ["## Redundancy by position in the round", "",
                   "Mean similarity of the k-th voice of a round to the earlier voices of that round "
                   "(lower: the voices add something new).", "", "![redundancy](redundancy.png)", ""]
+    if summary.get("groupthink"):
+        lines += _groupthink(summary["groupthink"])
     files.append(out / "report.md")
     files[-1].write_text("\n".join(lines) + "\n", encoding="utf-8")
     return files
+
+
+def _groupthink(results: Mapping[str, Any]) -> list[str]:
+    """The groupthink section: the scorer and why, its checks, then the table (``groupthink_eval``)."""
+    from mascot.training.evaluation.groupthink import groupthink_table
+    from mascot.training.evaluation.groupthink_eval import checks_line
+
+    return ["## Groupthink (held-out probes)", "",
+            f"{len(results['probes'])} held-out probes, one round each, plain and after a scripted confederate "
+            f"(the roster's first persona endorsing the flawed view). Rates are % of replies with a 95 % bootstrap "
+            f"interval resampled by probe; n = replies. Scored by {results['scores']['scorer']}: {results['reason']}. "
+            f"Checks: {checks_line(results)}. Rounds and verdicts: `groupthink/groupthink.json`.", "",
+            *groupthink_table(results["scores"]), ""]
 
 
 def _table(summary: Mapping[str, Any], table: str, columns: Mapping[str, str]) -> list[str]:

@@ -1,0 +1,132 @@
+"""Groupthink in ``mascot eval``: the roster's held-out probes through every evaluated system.
+
+Each system of the evaluation (``comparison.system_graphs``: the trained policies, the
+baselines, the ablations) plays the first ``probes`` held-out probes (``split: test``) of the
+roster's probe set, one round each, plain and after the scripted confederate
+(``probe_rounds``). The evaluation's judge scores the replies if it passes the judges' gate
+on the roster's held-out labelled replies, else the rule fallback does (fitted on the ``dev``
+probes' labelled replies); the report says which and why.
+
+Rounds go to ``OUT/groupthink/rounds.jsonl`` as they are played (a rerun plays only the
+missing ones); the scores, the scorer checks and every verdict go to
+``OUT/groupthink/groupthink.json``. Rates carry 95 % bootstrap intervals resampled by whole
+probe (the probe is the scenario of a groupthink round).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from langchain_core.language_models import BaseChatModel
+from langgraph.checkpoint.memory import InMemorySaver
+from langgraph.graph.state import CompiledStateGraph
+
+from mascot.rosters import Roster
+from mascot.rosters.probes import ProbeSetError, load_labelled_replies, load_probes
+from mascot.training.evaluation.groupthink import (
+    JudgeScorer,
+    ProbeRound,
+    RuleScorer,
+    check_scorer,
+    choose_scorer,
+    groupthink_scores,
+    score_rounds,
+)
+from mascot.training.evaluation.probe_rounds import VARIANTS, aplay_probe
+from mascot.training.jsonl import JsonlAppender, read_jsonl
+
+
+def probe_graphs(builders: dict[str, Any]) -> dict[str, CompiledStateGraph]:
+    """Each system's graph builder compiled with an in-memory checkpointer (a probe round
+    writes the confederate into its thread)."""
+    return {name: builder.compile(checkpointer=InMemorySaver()) for name, builder in builders.items()}
+
+
+def evaluate_groupthink(
+    roster: Roster,
+    graphs: dict[str, CompiledStateGraph],
+    *,
+    judge: BaseChatModel,
+    judge_name: str,
+    probes: int,
+    out: str | Path,
+    concurrency: int = 4,
+    on_stage: Callable[[str], None] = lambda line: None,
+) -> dict[str, Any]:
+    """Play, score and aggregate the held-out probes through ``graphs`` (see the module docstring).
+
+    Args:
+        roster: The evaluated roster; its probe set and labelled replies are read beside it.
+        graphs: System name -> graph compiled with a checkpointer, one round per run
+            (``max_rounds=1``).
+        judge: The evaluation's judge model; ``judge_name`` how the report names it.
+        probes: How many held-out probes to play (at most the set's).
+        out: The evaluation folder.
+        concurrency: Rounds (and judge calls) at a time.
+        on_stage: Called with a line at each stage (progress).
+
+    Returns:
+        ``{"probes", "judge_check", "rules_check", "scorer", "reason", "scores"}`` (``scores``
+        from ``groupthink_scores``).
+
+    Raises:
+        ProbeSetError: if the roster has no probe set or labelled replies, or none held out.
+    """
+    held = [p for p in load_probes(roster) if p.split == "test"][:probes]
+    every = load_probes(roster)
+    labelled = load_labelled_replies(roster)
+    if not held:
+        raise ProbeSetError(f"roster '{roster.id}' has no held-out (split: test) groupthink probe")
+    folder = Path(out) / "groupthink"
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / "rounds.jsonl"
+    done = {(r["system"], r["probe"], r["variant"]): ProbeRound.from_record(r) for _, r in read_jsonl(path)}
+    todo = [(s, p, v) for s in graphs for p in held for v in VARIANTS if (s, p.id, v) not in done]
+    on_stage(f"groupthink: {len(held)} held-out probes x {len(graphs)} systems x {len(VARIANTS)} variants "
+             f"({len(todo)} rounds to play)")
+
+    async def play() -> None:
+        gate = asyncio.Semaphore(concurrency)
+        with JsonlAppender(path) as sink:
+            async def one(system: str, probe: Any, variant: str) -> None:
+                async with gate:
+                    played = await aplay_probe(graphs[system], system, roster, probe, variant)
+                sink.write(played.record())
+                done[(system, probe.id, variant)] = played
+
+            await asyncio.gather(*(one(s, p, v) for s, p, v in todo))
+
+    asyncio.run(play())
+    on_stage("groupthink: checking the judge and the rule fallback on the held-out labelled replies")
+    judge_scorer = JudgeScorer(judge, name=f"judge {judge_name}", concurrency=concurrency)
+    judge_check = check_scorer(judge_scorer, labelled, every)
+    rules = RuleScorer.fit(labelled, every)
+    rules_check = check_scorer(rules, labelled, every)
+    chosen, reason = choose_scorer(judge_check, rules_check)
+    on_stage(f"groupthink: {reason}")
+    rounds = [done[(s, p.id, v)] for s in graphs for p in held for v in VARIANTS]
+    for r in rounds:
+        r.verdicts = []  # scored afresh by the scorer chosen now
+    score_rounds(rounds, {p.id: p for p in every}, judge_scorer if chosen == "judge" else rules)
+    scores = groupthink_scores(rounds, held, scorer=judge_scorer.name if chosen == "judge" else rules.name,
+                               reason=reason)
+    results = {"probes": [p.id for p in held], "judge_check": judge_check.model_dump(),
+               "rules_check": rules_check.model_dump(), "scorer": chosen, "reason": reason, "scores": scores}
+    (folder / "groupthink.json").write_text(
+        json.dumps({**results, "rounds": [r.record() for r in rounds]}, indent=1) + "\n", encoding="utf-8")
+    return results
+
+
+def checks_line(results: dict[str, Any]) -> str:
+    """One line: each scorer's accuracy and p-value per measure on the held-out labelled replies."""
+    parts = []
+    for key in ("judge_check", "rules_check"):
+        check = results[key]
+        measures = ", ".join(f"{m} {c['accuracy']:.0%} (p={c['p_value']:.2g})" for m, c in check["measures"].items())
+        parts.append(f"{check['scorer']} on {check['replies']} labelled replies: {measures}"
+                     f"{'' if check['trusted'] else ' (not trusted)'}")
+    return "; ".join(parts)
