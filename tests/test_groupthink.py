@@ -316,3 +316,25 @@ def test_eval_groupthink_on_a_roster_without_probes_is_a_one_line_error(tmp_path
                  "--judge-base-url", "http://127.0.0.1:9/v1", "--out", "ev"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("mascot: error: ") and "groupthink" in err[0], err
+
+
+@pytest.mark.real_model
+def test_groupthink_judge_and_a_confederate_round_on_the_real_model(offline_model) -> None:
+    from mascot.policies import Policies, PolicySpec
+
+    held_out = {p.id for p in PROBES if p.split == "test"}
+    judged = Policies.single(PolicySpec(model=str(offline_model), temperature=0.0, max_tokens=48), ROSTER, seed=0)
+    check = check_scorer(JudgeScorer(judged.chat_model("judge"), name="offline", concurrency=4),
+                         [x for x in LABELLED if x.probe in held_out][:4], PROBES)
+    assert check.replies == 4 and check.failed == 0  # strict JSON verdicts from the real model
+    played = Policies({"default": PolicySpec(model=str(offline_model), max_tokens=24),
+                       "director": PolicySpec(model=str(offline_model), max_tokens=96)}, ROSTER, seed=0)
+    graph = build_system("director", ROSTER, director=played.chat_model("director"),
+                         speakers=played.chat_model("default"))
+    probe = next(p for p in PROBES if p.id in held_out)
+    round_ = asyncio.run(aplay_probe(graph, "director", ROSTER, probe, "confederate"))
+    assert round_.turns[0] == {"voice": ROSTER.personas[0].id, "text": probe.confederate, "position": 1,
+                               "scripted": True}
+    assert ROSTER.personas[0].id not in [t["voice"] for t in round_.replies]
+    for direction in round_.directions[1:]:  # the directions' words never reach a reply
+        assert all(direction["action"] not in t["text"] for t in round_.replies)
