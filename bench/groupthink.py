@@ -8,7 +8,9 @@
    says which and why.
 2. Plays the held-out probes of ``emotional_support`` and ``workplace_meeting`` (taking turns) through
    ``director`` (voices see the conversation), ``director_blind`` (``voices_see: person``),
-   ``round_robin``, ``all`` and ``single`` on the offline 0.5B (local backend), each probe
+   ``round_robin``, ``all`` and ``single`` on the offline 0.5B (local backend), and ``trained``
+   (the learning run's adapters, written beside the model by ``mascot offline-model``) on the
+   probes of the roster it was trained on, each probe
    plain and after the scripted confederate, one round each, same seed metadata for every
    system. Probes are played one at a time (all systems and variants together) until the
    estimate says the next one would pass ``--minutes``.
@@ -34,6 +36,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from mascot.cli.options import with_budgets
 from mascot.offline.model import DEFAULT_OFFLINE_MODEL, OFFLINE_JUDGE, built_offline_model
 from mascot.policies import Policies, PolicySpec
 from mascot.rosters import load_roster
@@ -52,6 +55,7 @@ from mascot.training.evaluation.groupthink import (
     score_rounds,
 )
 from mascot.training.evaluation.probe_rounds import SYSTEMS, aplay, build_system
+from mascot.trained import shipped_run
 from mascot.training.measures import redundancy
 
 ROSTERS = ("emotional_support", "workplace_meeting")
@@ -112,6 +116,11 @@ def main(argv: list[str] | None = None) -> int:
     policies = Policies({"default": PolicySpec(model=str(model), max_tokens=max_tokens),
                          "director": PolicySpec(model=str(model), max_tokens=96)}, load_roster(ROSTERS[0]), seed=0)
     director, speaker = policies.chat_model("director"), policies.chat_model("default")
+    trained_file, run = Path(model) / "policies.yaml", shipped_run(DEFAULT_OFFLINE_MODEL)
+    trained_roster = run.get("roster") if run and trained_file.is_file() and not args.quick else None
+    if trained_roster:
+        print(f"trained: {trained_file} (the learning run's adapters, trained on {trained_roster}) plays the "
+              f"probes of {trained_roster} as the system 'trained'", flush=True)
     # the rosters take turns, so a run cut short by the budget still plays both
     held = [[(r, p) for p in probes[r] if p.split == "test"] for r in ROSTERS]
     queue = [pair for group in itertools.zip_longest(*held) for pair in group if pair is not None]
@@ -138,6 +147,11 @@ def main(argv: list[str] | None = None) -> int:
         roster = load_roster(roster_id)
         if roster_id not in graphs:
             graphs[roster_id] = {s: build_system(s, roster, director=director, speakers=speaker) for s in systems}
+            if roster_id == trained_roster:  # the same budgets as the untrained systems
+                trained = with_budgets(Policies.from_file(trained_file, roster, seed=0),
+                                       {"speakers": max_tokens, "director": 96})
+                graphs[roster_id]["trained"] = build_system("director", roster, director=trained.chat_model("director"),
+                                                            speakers=trained.speakers())
         t0 = time.perf_counter()
         played = asyncio.run(aplay(graphs[roster_id], roster, [probe], concurrency=args.concurrency))
         per_probe.append(time.perf_counter() - t0)
@@ -156,19 +170,25 @@ def main(argv: list[str] | None = None) -> int:
     played_probes = [by_id[i] for i in dict.fromkeys(r.probe for r in rounds)]
     scores = groupthink_scores(rounds, played_probes, scorer=scorer.name, reason=reason)
     comparison = compare(rounds, "director", "director_blind") if "director_blind" in systems else None
+    training = compare(rounds, "trained", "director") if trained_roster else None
     results = {
         "setup": {"machine": machine(), "policy": str(model), "judge": str(judge_model), "max_tokens": max_tokens,
-                  "director_max_tokens": 96, "systems": list(systems), "rosters": list(ROSTERS),
+                  "director_max_tokens": 96, "systems": list(systems) + (["trained"] if trained_roster else []),
+                  "trained": {"policies": str(trained_file), "roster": trained_roster, "run": run}
+                  if trained_roster else None, "rosters": list(ROSTERS),
                   "probes_played": [p.id for p in played_probes], "probes_left_out": left_out,
                   "seconds": time.perf_counter() - start, "seconds_per_probe": per_probe, "quick": args.quick,
                   "single_confederate": "the line is shown as an earlier voice (the roster's first persona) "
                                         "and the assistant's one reply follows it"},
         "judge_check": judge_check.model_dump(), "rules_check": rules_check.model_dump(),
         "scorer": chosen, "reason": reason, "scores": scores, "sees_each_other": comparison,
+        "trained_vs_untrained": training,
         "rounds": [r.record() for r in rounds],
     }
     write(args.out, results, quick=args.quick)
     report(scores, comparison)
+    if training:
+        report_difference(training)
     plot(args.out, scores, comparison, quick=args.quick)
     print(f"done in {(time.perf_counter() - start) / 60:.1f} min; probes left out by the budget: "
           f"{', '.join(left_out) or 'none'}")
@@ -219,10 +239,14 @@ def report(scores: dict[str, Any], comparison: dict[str, Any] | None) -> None:
     print(f"\nscored by {scores['scorer']}: {scores['reason']}")
     print("\n".join(groupthink_table(scores)))
     if comparison:
-        print(f"\n{comparison['a']} - {comparison['b']}, paired by probe, 95 % CI:")
-        for key, d in comparison.items():
-            if isinstance(d, dict):
-                print(f"  {key}: {d['estimate']:+.2f} [{d['low']:+.2f}, {d['high']:+.2f}] over {d['probes']} probes")
+        report_difference(comparison)
+
+
+def report_difference(comparison: dict[str, Any]) -> None:
+    print(f"\n{comparison['a']} - {comparison['b']}, paired by probe, 95 % CI:")
+    for key, d in comparison.items():
+        if isinstance(d, dict):
+            print(f"  {key}: {d['estimate']:+.2f} [{d['low']:+.2f}, {d['high']:+.2f}] over {d['probes']} probes")
 
 
 def plot(out: Path, scores: dict[str, Any], comparison: dict[str, Any] | None, *, quick: bool) -> None:

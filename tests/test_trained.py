@@ -65,8 +65,11 @@ def test_the_shipped_ensemble_plays_a_round_on_the_offline_model(offline_model: 
     folder.mkdir()
     for name in offline_model.iterdir():  # the model's files, beside which the adapters are written
         (folder / name.name).symlink_to(name)
+    watched = [offline_model / "policies.yaml", *sorted((offline_model / "adapters").rglob("*"))]
+    before = {name: name.read_bytes() for name in watched if name.is_file()}
     policies = write_trained_policies(folder, DEFAULT_OFFLINE_MODEL)
-    assert policies is not None
+    assert policies is not None and not policies.is_symlink() and not (folder / "adapters").is_symlink()
+    assert {name: name.read_bytes() for name in before} == before  # the linked model folder is left as it was
     code = main(["chat", "--roster", "emotional_support", "--policies", str(policies), "--message",
                  "I failed my driving test again and I feel like an idiot", "--max-rounds", "1", "--seed", "0",
                  "--json"])

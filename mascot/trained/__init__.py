@@ -77,6 +77,9 @@ def write_trained_policies(model_folder: str | Path, model: str, *,
     run = shipped_run(model, shipped=shipped)
     if run is None:
         return None
+    for link in (folder / "adapters", folder / "policies.yaml"):
+        if link.is_symlink():  # a folder of links to another model folder: write here, never through the link
+            link.unlink()
     for role in ROLES:
         (folder / "adapters" / role).mkdir(parents=True, exist_ok=True)
         for name in ADAPTER_FILES:
