@@ -116,7 +116,9 @@ def main(argv: list[str] | None = None) -> int:
     policies = Policies({"default": PolicySpec(model=str(model), max_tokens=max_tokens),
                          "director": PolicySpec(model=str(model), max_tokens=96)}, load_roster(ROSTERS[0]), seed=0)
     director, speaker = policies.chat_model("director"), policies.chat_model("default")
-    trained_file, run = Path(model) / "policies.yaml", shipped_run(DEFAULT_OFFLINE_MODEL)
+    # the shipped adapters belong to the offline model: another --model plays no 'trained'
+    shipped = Path(model).resolve() == Path(built_offline_model(DEFAULT_OFFLINE_MODEL) or "-").resolve()
+    trained_file, run = Path(model) / "policies.yaml", shipped_run(DEFAULT_OFFLINE_MODEL) if shipped else None
     trained_roster = run.get("roster") if run and trained_file.is_file() and not args.quick else None
     if trained_roster:
         print(f"trained: {trained_file} (the learning run's adapters, trained on {trained_roster}) plays the "

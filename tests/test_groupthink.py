@@ -301,21 +301,35 @@ def test_eval_groupthink_plays_every_system_scores_reports_and_resumes(tmp_path)
     assert "judge constant on 32 labelled replies" in report and "rule fallback" in report
 
 
-def test_eval_groupthink_on_a_roster_without_probes_is_a_one_line_error(tmp_path, monkeypatch, capsys) -> None:
-    from mascot.cli.main import main
+@pytest.mark.parametrize(("files", "message"), [
+    ((), "groupthink.yaml"),
+    (("probes",), "groupthink_labels.yaml"),
+    (("probes", "dev labels"), "no labelled reply answers a test probe"),
+])
+def test_eval_groupthink_needs_a_whole_probe_set_beside_the_roster(files, message, tmp_path, monkeypatch,
+                                                                   capsys) -> None:
+    import yaml
 
+    from mascot.cli.main import main
+    from mascot.rosters.loader import roster_path
+    from mascot.rosters.probes import label_path, probe_path
+
+    shipped = roster_path("emotional_support")
+    (tmp_path / "roster.yaml").write_text(shipped.read_text().replace("id: emotional_support", "id: my_roster", 1))
+    if "probes" in files:
+        (tmp_path / "groupthink.yaml").write_text(probe_path("emotional_support").read_text())
+    if "dev labels" in files:
+        labels = yaml.safe_load(label_path("emotional_support").read_text())
+        dev = {p.id for p in PROBES if p.split == "dev"}
+        labels["replies"] = [r for r in labels["replies"] if r["probe"] in dev]
+        (tmp_path / "groupthink_labels.yaml").write_text(yaml.safe_dump(labels))
     (tmp_path / "policies.yaml").write_text(
         "version: 1\nroles:\n  default: {kind: openai, base_url: 'http://127.0.0.1:9/v1', model: m}\n")
-    import shutil
-
-    from mascot.rosters.loader import roster_path
-
-    shutil.copy(roster_path("emotional_support"), tmp_path / "roster.yaml")
     monkeypatch.chdir(tmp_path)
     assert main(["eval", "--roster", ".", "--policies", "policies.yaml", "--judge-model", "m", "--groupthink", "2",
                  "--judge-base-url", "http://127.0.0.1:9/v1", "--out", "ev"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and err[0].startswith("mascot: error: ") and "groupthink" in err[0], err
+    assert len(err) == 1 and err[0].startswith("mascot: error: --groupthink: ") and message in err[0], err
 
 
 @pytest.mark.real_model

@@ -50,7 +50,7 @@ def add_commands(commands: argparse._SubParsersAction) -> None:
                           help="rubrics the judge applies (default persona,group,direction; direction is the "
                                "stage-direction compliance metric)")
     evaluate.add_argument("--groupthink", type=int, default=0, metavar="N",
-                          help="also play N of the roster's held-out groupthink probes (plain and after a "
+                          help="also play N of the roster's held-out groupthink probes (at most all of them; plain and after a "
                                "confederate) through every system and report endorses-only, concern and "
                                "conformity rates (default 0: not measured)")
     evaluate.add_argument("--concurrency", type=positive, default=4, metavar="C")
@@ -80,7 +80,7 @@ def _eval(args: argparse.Namespace) -> int:
     if args.groupthink < 0:
         raise UsageError(f"--groupthink: expected a number of probes >= 0, got {args.groupthink}")
     if args.groupthink:
-        _probe_sets(roster)
+        _probe_sets(args.roster)
     if not Path(args.policies).is_file():
         raise UsageError(f"--policies: no such file {args.policies}")
     trained = Policies.from_file(args.policies, roster, seed=args.seed)
@@ -149,13 +149,13 @@ def _eval(args: argparse.Namespace) -> int:
     return 0
 
 
-def _probe_sets(roster: Any) -> None:
+def _probe_sets(source: str) -> None:
     """Fail early, in one line, when ``--groupthink`` cannot be measured for the roster."""
-    from mascot.rosters.probes import ProbeSetError, load_labelled_replies, load_probes
+    from mascot.rosters.probes import ProbeSetError
+    from mascot.training.evaluation.groupthink_eval import check_probe_set
 
     try:
-        load_probes(roster)
-        load_labelled_replies(roster)
+        check_probe_set(source)
     except ProbeSetError as exc:
         raise UsageError(f"--groupthink: {exc}") from None
 
@@ -174,7 +174,7 @@ def _groupthink(args: argparse.Namespace, roster: Any, trained: Any, systems: li
     graphs = probe_graphs({name: builder for name, (_, builder, _) in builders.items()})
     return evaluate_groupthink(roster, graphs, judge=judge_policies.chat_model("judge"), judge_name=judge_name,
                                probes=args.groupthink, out=args.out, concurrency=args.concurrency,
-                               on_stage=lambda line: err.print(line, markup=False))
+                               on_stage=lambda line: err.print(line, markup=False), probe_set=args.roster)
 
 
 def add_show_command(commands: argparse._SubParsersAction) -> None:

@@ -56,6 +56,7 @@ def evaluate_groupthink(
     out: str | Path,
     concurrency: int = 4,
     on_stage: Callable[[str], None] = lambda line: None,
+    probe_set: str | Path | None = None,
 ) -> dict[str, Any]:
     """Play, score and aggregate the held-out probes through ``graphs`` (see the module docstring).
 
@@ -68,6 +69,8 @@ def evaluate_groupthink(
         out: The evaluation folder.
         concurrency: Rounds (and judge calls) at a time.
         on_stage: Called with a line at each stage (progress).
+        probe_set: Where the roster was loaded from (its id, YAML file or folder): the probe
+            set and labelled replies are read beside it (default: the shipped roster's).
 
     Returns:
         ``{"probes", "judge_check", "rules_check", "scorer", "reason", "scores"}`` (``scores``
@@ -76,11 +79,11 @@ def evaluate_groupthink(
     Raises:
         ProbeSetError: if the roster has no probe set or labelled replies, or none held out.
     """
-    held = [p for p in load_probes(roster) if p.split == "test"][:probes]
-    every = load_probes(roster)
-    labelled = load_labelled_replies(roster)
-    if not held:
-        raise ProbeSetError(f"roster '{roster.id}' has no held-out (split: test) groupthink probe")
+    every, labelled = check_probe_set(probe_set or roster)
+    held = [p for p in every if p.split == "test"]
+    if probes > len(held):
+        on_stage(f"groupthink: the probe set holds {len(held)} held-out probes; all are played")
+    held = held[:probes]
     folder = Path(out) / "groupthink"
     folder.mkdir(parents=True, exist_ok=True)
     path = folder / "rounds.jsonl"
@@ -119,6 +122,24 @@ def evaluate_groupthink(
     (folder / "groupthink.json").write_text(
         json.dumps({**results, "rounds": [r.record() for r in rounds]}, indent=1) + "\n", encoding="utf-8")
     return results
+
+
+def check_probe_set(source: Roster | str | Path) -> tuple[list[Any], list[Any]]:
+    """The roster's probes and labelled replies, checked for what ``evaluate_groupthink``
+    needs: held-out probes, and labelled replies to ``dev`` probes (to fit the rule
+    fallback) and to held-out ones (to check the scorers).
+
+    Raises:
+        ProbeSetError: one line, naming what is missing.
+    """
+    probes, labelled = load_probes(source), load_labelled_replies(source)
+    splits = {p.id: p.split for p in probes}
+    if "test" not in splits.values():
+        raise ProbeSetError("the probe set has no held-out (split: test) probe to play")
+    for split, use in (("dev", "fit the rule fallback's thresholds"), ("test", "check the scorers")):
+        if not any(splits.get(r.probe) == split for r in labelled):
+            raise ProbeSetError(f"no labelled reply answers a {split} probe: nothing to {use} on")
+    return probes, labelled
 
 
 def checks_line(results: dict[str, Any]) -> str:
