@@ -19,6 +19,12 @@
    verdicts) and ``OUT/groupthink.png``.
 
     python bench/groupthink.py [--quick] [--minutes 25] [--out bench/results] [--model DIR] [--judge DIR]
+    python bench/groupthink.py --from-results     # the written run analysed again, nothing played
+
+4. Also: the confederate's effect per system (endorses-only after it minus plain, paired by
+   probe), and the scorers' agreement with hand labels of played replies of the committed
+   run (``groupthink_audit.yaml``): the gate is measured on written replies, the audit shows
+   how far it carries to what the models wrote.
 
 ``--quick``: 2 probes, 2 systems, 24-token replies, 8 labelled replies for the judge.
 """
@@ -27,6 +33,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 import itertools
 import json
 import os
@@ -46,6 +53,7 @@ from mascot.training.evaluation.groupthink import (
     MEASURES,
     JudgeScorer,
     ProbeRound,
+    ReplyCase,
     RuleScorer,
     check_scorer,
     choose_scorer,
@@ -70,7 +78,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--judge", help="judge model folder (default: the offline 1.5B if built, else the policy's)")
     parser.add_argument("--max-tokens", type=int, default=80, help="reply budget of every voice")
     parser.add_argument("--concurrency", type=int, default=8)
+    parser.add_argument("--from-results", action="store_true",
+                        help="play and score nothing: aggregate, compare, audit and plot OUT/groupthink.json again")
     args = parser.parse_args(argv)
+    if args.from_results:
+        return again(args)
     start = time.perf_counter()
     model = args.model or built_offline_model(DEFAULT_OFFLINE_MODEL)
     if model is None:
@@ -169,32 +181,140 @@ def main(argv: list[str] | None = None) -> int:
     # 3. scored, aggregated, written
     scorer = judge if chosen == "judge" else rules
     score_rounds(rounds, by_id, scorer)
-    played_probes = [by_id[i] for i in dict.fromkeys(r.probe for r in rounds)]
-    scores = groupthink_scores(rounds, played_probes, scorer=scorer.name, reason=reason)
-    comparison = compare(rounds, "director", "director_blind") if "director_blind" in systems else None
-    training = compare(rounds, "trained", "director") if trained_roster else None
     results = {
         "setup": {"machine": machine(), "policy": str(model), "judge": str(judge_model), "max_tokens": max_tokens,
                   "director_max_tokens": 96, "systems": list(systems) + (["trained"] if trained_roster else []),
                   "trained": {"policies": str(trained_file), "roster": trained_roster, "run": run}
                   if trained_roster else None, "rosters": list(ROSTERS),
-                  "probes_played": [p.id for p in played_probes], "probes_left_out": left_out,
+                  "probes_left_out": left_out,
                   "seconds": time.perf_counter() - start, "seconds_per_probe": per_probe, "quick": args.quick,
                   "single_confederate": "the line is shown as an earlier voice (the roster's first persona) "
                                         "and the assistant's one reply follows it"},
         "judge_check": judge_check.model_dump(), "rules_check": rules_check.model_dump(),
-        "scorer": chosen, "reason": reason, "scores": scores, "sees_each_other": comparison,
-        "trained_vs_untrained": training,
-        "rounds": [r.record() for r in rounds],
+        "scorer": chosen, "reason": reason, "scorer_name": scorer.name,
     }
+    finish(args, results, rounds, by_id, rules)
+    print(f"done in {(time.perf_counter() - start) / 60:.1f} min; probes left out by the budget: "
+          f"{', '.join(left_out) or 'none'}")
+    return 0
+
+
+def finish(args: argparse.Namespace, results: dict[str, Any], rounds: list[ProbeRound],
+           by_id: dict[str, Any], rules: RuleScorer) -> None:
+    """Aggregate the scored rounds, compare, audit, write the JSON and the plot, print the tables."""
+    played = [by_id[i] for i in dict.fromkeys(r.probe for r in rounds)]
+    systems = list(dict.fromkeys(r.system for r in rounds))
+    scores = groupthink_scores(rounds, played, scorer=results["scorer_name"], reason=results["reason"])
+    comparison = compare(rounds, "director", "director_blind") if "director_blind" in systems else None
+    training = compare(rounds, "trained", "director") if "trained" in systems else None
+    effects = {s: confederate_effect(rounds, s) for s in systems}
+    checked = audit(rounds, by_id, rules) if not args.quick else None
+    # the same rounds under the rule fallback: a second reading, not the reported one unless it scored the run
+    copies = [dataclasses.replace(r, verdicts=[]) for r in rounds]
+    score_rounds(copies, by_id, rules)
+    second = {"scores": groupthink_scores(copies, played, scorer=rules.name, reason="a second reading of the same "
+                                          "replies (robustness), whichever scorer the run used"),
+              "sees_each_other": compare(copies, "director", "director_blind") if comparison else None,
+              "trained_vs_untrained": compare(copies, "trained", "director") if training else None,
+              "confederate_effect": {s: confederate_effect(copies, s) for s in systems}}
+    results["setup"]["probes_played"] = [p.id for p in played]
+    results.update({"scores": scores, "sees_each_other": comparison, "trained_vs_untrained": training,
+                    "confederate_effect": effects, "audit": checked, "rule_reading": second,
+                    "rounds": [r.record() for r in rounds]})
     write(args.out, results, quick=args.quick)
     report(scores, comparison)
     if training:
         report_difference(training)
+    print("\nconfederate - plain, the same system, paired by probe, 95 % CI (points of replies that only endorse):")
+    for system, d in effects.items():
+        if d:
+            print(f"  {system}: {d['estimate']:+.1f} [{d['low']:+.1f}, {d['high']:+.1f}] over {d['probes']} probes")
+    if checked:
+        print(f"\naudit: {checked['replies']} played replies labelled by hand ({AUDIT.name}); agreement:")
+        for name, row in checked["scorers"].items():
+            print(f"  {name}: " + ", ".join(f"{m} {a['right']}/{a['total']}" for m, a in row.items()))
+    print(f"\nthe same replies read by {rules.name}:")
+    print("\n".join(groupthink_table(second["scores"])))
+    for system, d in second["confederate_effect"].items():
+        if d:
+            print(f"  confederate - plain, {system}: {d['estimate']:+.1f} [{d['low']:+.1f}, {d['high']:+.1f}]")
+    if second["sees_each_other"]:
+        report_difference(second["sees_each_other"])
     plot(args.out, scores, comparison, quick=args.quick)
-    print(f"done in {(time.perf_counter() - start) / 60:.1f} min; probes left out by the budget: "
-          f"{', '.join(left_out) or 'none'}")
+
+
+def again(args: argparse.Namespace) -> int:
+    """``--from-results``: the written run's rounds and verdicts, analysed again."""
+    path = args.out / ("groupthink-quick.json" if args.quick else "groupthink.json")
+    if not path.is_file():
+        print(f"--from-results: no run at {path}", file=sys.stderr)
+        return 2
+    old = json.loads(path.read_text(encoding="utf-8"))
+    if "scores" not in old:
+        print(f"--from-results: {path} holds an unfinished run (no scores)", file=sys.stderr)
+        return 2
+    probes = [p for r in ROSTERS for p in load_probes(r)]
+    rounds = [ProbeRound.from_record(r) for r in old["rounds"]]
+    if any(len(r.verdicts) != len(r.replies) for r in rounds):
+        print(f"--from-results: {path} has rounds without verdicts", file=sys.stderr)
+        return 2
+    labelled = [x for r in ROSTERS for x in load_labelled_replies(r)]
+    results = {k: old[k] for k in ("setup", "judge_check", "rules_check", "scorer", "reason")}
+    results["scorer_name"] = old["scores"]["scorer"]
+    finish(args, results, rounds, {p.id: p for p in probes}, RuleScorer.fit(labelled, probes))
     return 0
+
+
+def confederate_effect(rounds: list[ProbeRound], system: str) -> dict[str, Any] | None:
+    """Endorses-only after the confederate minus plain, one system, paired by probe (points)."""
+    def shares(variant: str) -> dict[str, float]:
+        per: dict[str, list[bool]] = {}
+        for r in rounds:
+            if r.system == system and r.variant == variant:
+                for v in r.verdicts:
+                    if v is not None and (value := v.measure("endorses_only")) is not None:
+                        per.setdefault(r.probe, []).append(value)
+        return {p: 100 * sum(v) / len(v) for p, v in per.items()}
+
+    after, plain = shares("confederate"), shares("plain")
+    if not set(after) & set(plain):
+        return None
+    d = bootstrap_difference(after, plain)
+    return {"estimate": d.estimate, "low": d.low, "high": d.high, "probes": d.n}
+
+
+AUDIT = Path(__file__).parent / "groupthink_audit.yaml"
+
+
+def audit(rounds: list[ProbeRound], by_id: dict[str, Any], rules: RuleScorer) -> dict[str, Any] | None:
+    """The scorers against the hand labels of played replies (``groupthink_audit.yaml``): the
+    verdicts that scored the run, and the rule fallback's, on the replies found in this run."""
+    import yaml
+
+    labels = yaml.safe_load(AUDIT.read_text(encoding="utf-8"))["replies"]
+    found = []
+    for item in labels:
+        for r in rounds:
+            if (r.system, r.probe, r.variant) != (item["system"], item["probe"], item["variant"]):
+                continue
+            for turn, verdict in zip(r.replies, r.verdicts, strict=True):
+                if turn["position"] == item["position"] and turn["text"].startswith(item["starts"]):
+                    found.append((item, ReplyCase(by_id[r.probe], turn["text"], r.variant == "confederate"), verdict))
+    if not found:
+        print(f"audit: none of the {len(labels)} hand-labelled replies is in this run (they label the committed one)")
+        return None
+    rule_verdicts = rules.score([case for _, case, _ in found])
+    scorers = {}
+    for name, verdicts in (("scored the run", [v for _, _, v in found]), ("rule fallback", rule_verdicts)):
+        row = {}
+        for measure, want in (("endorses_only", lambda i: i["endorses_only"]),
+                              ("raises_concern", lambda i: i["concern"] is not None)):
+            right = sum(v is not None and v.measure(measure) == want(i) for (i, _, _), v in zip(found, verdicts))
+            row[measure] = {"right": right, "total": len(found)}
+        scorers[name] = row
+    return {"replies": len(found), "labelled": len(labels), "scorers": scorers,
+            "items": [{**i, "verdict": v.model_dump() if v else None, "rules": rv.model_dump()}
+                      for (i, _, v), rv in zip(found, rule_verdicts)]}
 
 
 def machine() -> str:
@@ -273,7 +393,8 @@ def plot(out: Path, scores: dict[str, Any], comparison: dict[str, Any] | None, *
             ys.append(rate["mean"])
             lo.append(rate["mean"] - rate["low"])
             hi.append(rate["high"] - rate["mean"])
-        axes[0].bar(xs, ys, width, yerr=[lo, hi], capsize=3, label=system)
+        axes[0].bar(xs, ys, width, yerr=[lo, hi], capsize=3,
+                    label=system if system != "trained" else "trained (its roster's probes only)")
     axes[0].set_xticks(range(len(bars)), [b[0] for b in bars], fontsize=8)
     axes[0].set_ylabel("% of replies (95 % bootstrap CI by probe)")
     axes[0].set_ylim(0, 100)
