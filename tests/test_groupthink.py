@@ -352,3 +352,24 @@ def test_groupthink_judge_and_a_confederate_round_on_the_real_model(offline_mode
     assert ROSTER.personas[0].id not in [t["voice"] for t in round_.replies]
     for direction in round_.directions[1:]:  # the directions' words never reach a reply
         assert all(direction["action"] not in t["text"] for t in round_.replies)
+
+
+def test_eval_with_groupthink_on_servers_shares_the_evaluation_event_loop(tmp_path, capsys) -> None:
+    # the judge's client is made in the evaluation's loop: a loop of its own failed with
+    # "Event loop is closed"
+    from mascot.cli.main import main
+    from mascot.testing.stub_server import start_stub_server
+
+    with start_stub_server() as server:
+        (tmp_path / "policies.yaml").write_text(
+            f"version: 1\nroles:\n  default: {{kind: openai, base_url: '{server.url}', model: stub}}\n")
+        code = main(["eval", "--roster", "emotional_support", "--policies", str(tmp_path / "policies.yaml"),
+                     "--baselines", "zero_shot", "--episodes", "1", "--max-rounds", "1", "--rubrics", "persona",
+                     "--judge-model", "stub-judge", "--judge-base-url", server.url, "--groupthink", "1",
+                     "--out", str(tmp_path / "ev")])
+    captured = capsys.readouterr()
+    assert code == 0, captured.err[-3000:]
+    results = json.loads((tmp_path / "ev" / "results.json").read_text())["groupthink"]
+    assert set(results["scores"]["systems"]) == {"trained", "zero_shot"} and results["scorer"] == "rules"
+    assert results["judge_check"]["failed"] == results["judge_check"]["replies"]  # the stub writes no verdict
+    assert "## Groupthink (held-out probes)" in (tmp_path / "ev" / "report.md").read_text()

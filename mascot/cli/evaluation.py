@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
@@ -113,15 +114,19 @@ def _eval(args: argparse.Namespace) -> int:
         judges = {rubric: Judge(load_rubric(rubric), judge_policies.chat_model("judge"), model_name=judge_name,
                                 structured_output=True, cache=cache)
                   for rubric in rubrics}
+        groupthink: dict[str, Any] = {}
+        after = _groupthink(args, roster, trained, systems, plan, sft, judge_policies, judge_name, groupthink) \
+            if args.groupthink else None
         try:
             scores = evaluate(roster, trained, systems=systems, plan=plan, judges=judges, out=folder,
                               unjudged=[name for name in args.metrics_only.split(",") if name], sft=sft,
-                              retry=model_retry_policy(3), on_stage=lambda line: err.print(line, markup=False))
+                              retry=model_retry_policy(3), on_stage=lambda line: err.print(line, markup=False),
+                              after=after)
         except ValueError as exc:
             raise UsageError(str(exc)) from None
     summary = summarize(scores, seed=args.seed)
-    if args.groupthink:
-        summary["groupthink"] = _groupthink(args, roster, trained, systems, plan, sft, judge_policies, judge_name)
+    if groupthink:
+        summary["groupthink"] = groupthink
     base = trained.spec("default").model
     summary["setup"] = {"roster": roster.id, "policies": str(args.policies), "base_model": base,
                         "judge": judge_name, "episodes_per_system": args.episodes, "seed": args.seed,
@@ -161,20 +166,26 @@ def _probe_sets(source: str) -> None:
 
 
 def _groupthink(args: argparse.Namespace, roster: Any, trained: Any, systems: list[str], plan: Any, sft: Any,
-                judge_policies: Any, judge_name: str) -> dict[str, Any]:
-    """The held-out probes through every system, one round each (``groupthink_eval``)."""
+                judge_policies: Any, judge_name: str, into: dict[str, Any]) -> Callable[[], Awaitable[None]]:
+    """The held-out probes through every system, one round each (``groupthink_eval``), as
+    work for the evaluation's event loop; the results go into ``into``."""
     from dataclasses import replace
 
     from mascot.training.evaluation.comparison import system_graphs
-    from mascot.training.evaluation.groupthink_eval import evaluate_groupthink, probe_graphs
+    from mascot.training.evaluation.groupthink_eval import aevaluate_groupthink, probe_graphs
     from mascot.training.retry import model_retry_policy
 
     builders = system_graphs(roster, trained, systems=systems, plan=replace(plan, max_rounds=1),
                              retry=model_retry_policy(3), sft=sft)
     graphs = probe_graphs({name: builder for name, (_, builder, _) in builders.items()})
-    return evaluate_groupthink(roster, graphs, judge=judge_policies.chat_model("judge"), judge_name=judge_name,
-                               probes=args.groupthink, out=args.out, concurrency=args.concurrency,
-                               on_stage=lambda line: err.print(line, markup=False), probe_set=args.roster)
+
+    async def run() -> None:
+        into.update(await aevaluate_groupthink(
+            roster, graphs, judge=judge_policies.chat_model("judge"), judge_name=judge_name, probes=args.groupthink,
+            out=args.out, concurrency=args.concurrency, on_stage=lambda line: err.print(line, markup=False),
+            probe_set=args.roster))
+
+    return run
 
 
 def add_show_command(commands: argparse._SubParsersAction) -> None:

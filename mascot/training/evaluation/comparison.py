@@ -24,7 +24,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -243,6 +243,7 @@ def evaluate(
     on_stage: Callable[[str], None] = lambda stage: None,
     unjudged: Sequence[str] = (),
     sft: Policies | None = None,
+    after: Callable[[], Awaitable[None]] | None = None,
 ) -> list[SystemScores]:
     """Run, judge and measure every system; one event loop for the whole evaluation.
 
@@ -258,6 +259,8 @@ def evaluate(
         on_stage: Called with a line at each stage (progress).
         unjudged: Systems measured by the automatic metrics only (no judge calls).
         sft: The warm start's policies, for the ``sft`` system.
+        after: More work run last in the evaluation's event loop (the models' clients live
+            in it), e.g. ``groupthink_eval.aevaluate_groupthink``.
 
     Returns:
         The scores of every system, in ``systems`` order.
@@ -300,7 +303,10 @@ def evaluate(
         return routed
 
     async def everything() -> tuple[list, dict]:
-        return await run_all(), await route_all()
+        results, routed = await run_all(), await route_all()
+        if after is not None:
+            await after()
+        return results, routed
 
     embedder = default_embedder()
     results, routed = asyncio.run(everything())

@@ -308,18 +308,42 @@ def check_scorer(scorer: GroupthinkScorer, labelled: Sequence[LabelledReply], pr
     Raises:
         ValueError: if no labelled reply answers a probe of ``split``.
     """
+    pairs = _held(labelled, probes, split)
+    return _check(scorer.name, split, pairs, scorer.score([c for c, _ in pairs]))
+
+
+async def acheck_scorer(scorer: GroupthinkScorer, labelled: Sequence[LabelledReply],
+                        probes: Sequence[GroupthinkProbe], *, split: str = "test") -> ScorerCheck:
+    """``check_scorer`` in the running event loop (a judge's client lives in one loop)."""
+    pairs = _held(labelled, probes, split)
+    return _check(scorer.name, split, pairs, await ascore(scorer, [c for c, _ in pairs]))
+
+
+async def ascore(scorer: GroupthinkScorer, cases: Sequence[ReplyCase]) -> list[Verdict]:
+    """A scorer's verdicts in the running event loop: its ``ascore`` if it has one."""
+    if hasattr(scorer, "ascore"):
+        return await scorer.ascore(cases)
+    return scorer.score(cases)
+
+
+def _held(labelled: Sequence[LabelledReply], probes: Sequence[GroupthinkProbe],
+          split: str) -> list[tuple[ReplyCase, LabelledReply]]:
     pairs = cases_of([r for r in labelled if _probe(r, probes).split == split], probes)
     if not pairs:
         raise ValueError(f"no labelled reply answers a probe of split '{split}'")
-    verdicts = scorer.score([c for c, _ in pairs])
+    return pairs
+
+
+def _check(name: str, split: str, pairs: list[tuple[ReplyCase, LabelledReply]],
+           verdicts: Sequence[Verdict]) -> ScorerCheck:
     measures = {}
-    for name in MEASURES:
-        rows = [(v.measure(name), _label(r, name)) for v, (_, r) in zip(verdicts, pairs, strict=True)
-                if _label(r, name) is not None]
-        measures[name] = _tally(sum(got == want for got, want in rows), len(rows))
+    for measure in MEASURES:
+        rows = [(v.measure(measure), _label(r, measure)) for v, (_, r) in zip(verdicts, pairs, strict=True)
+                if _label(r, measure) is not None]
+        measures[measure] = _tally(sum(got == want for got, want in rows), len(rows))
     which = _tally(sum(v.status == "ok" and v.concern == r.concern for v, (_, r) in zip(verdicts, pairs, strict=True)),
                    len(pairs))
-    return ScorerCheck(scorer=scorer.name, split=split, replies=len(pairs),
+    return ScorerCheck(scorer=name, split=split, replies=len(pairs),
                        failed=sum(v.status == "failed" for v in verdicts), measures=measures, which_concern=which,
                        trusted=all(m.passed for m in measures.values()))
 
@@ -397,10 +421,23 @@ def _dump(verdict: Verdict | None) -> dict[str, Any] | None:
 def score_rounds(rounds: Sequence[ProbeRound], probes: Mapping[str, GroupthinkProbe],
                  scorer: GroupthinkScorer) -> None:
     """Set each round's ``verdicts`` (one per reply) with ``scorer``, all replies in one call."""
-    cases = [ReplyCase(probes[r.probe], t["text"], r.variant == "confederate") for r in rounds for t in r.replies]
-    verdicts = iter(scorer.score(cases))
+    _set_verdicts(rounds, scorer.score(_round_cases(rounds, probes)))
+
+
+async def ascore_rounds(rounds: Sequence[ProbeRound], probes: Mapping[str, GroupthinkProbe],
+                        scorer: GroupthinkScorer) -> None:
+    """``score_rounds`` in the running event loop."""
+    _set_verdicts(rounds, await ascore(scorer, _round_cases(rounds, probes)))
+
+
+def _round_cases(rounds: Sequence[ProbeRound], probes: Mapping[str, GroupthinkProbe]) -> list[ReplyCase]:
+    return [ReplyCase(probes[r.probe], t["text"], r.variant == "confederate") for r in rounds for t in r.replies]
+
+
+def _set_verdicts(rounds: Sequence[ProbeRound], verdicts: Sequence[Verdict]) -> None:
+    given = iter(verdicts)
     for r in rounds:
-        r.verdicts = [next(verdicts) for _ in r.replies]
+        r.verdicts = [next(given) for _ in r.replies]
 
 
 def _interval(values: Mapping[str, float], clusters: Mapping[str, str], *, scale: float = 100) -> dict[str, float] | None:

@@ -31,10 +31,11 @@ from mascot.training.evaluation.groupthink import (
     JudgeScorer,
     ProbeRound,
     RuleScorer,
+    acheck_scorer,
+    ascore_rounds,
     check_scorer,
     choose_scorer,
     groupthink_scores,
-    score_rounds,
 )
 from mascot.training.evaluation.probe_rounds import VARIANTS, aplay_probe
 from mascot.training.jsonl import JsonlAppender, read_jsonl
@@ -46,7 +47,12 @@ def probe_graphs(builders: dict[str, Any]) -> dict[str, CompiledStateGraph]:
     return {name: builder.compile(checkpointer=InMemorySaver()) for name, builder in builders.items()}
 
 
-def evaluate_groupthink(
+def evaluate_groupthink(roster: Roster, graphs: dict[str, CompiledStateGraph], **kwargs: Any) -> dict[str, Any]:
+    """``aevaluate_groupthink`` in an event loop of its own (every model client must be new to it)."""
+    return asyncio.run(aevaluate_groupthink(roster, graphs, **kwargs))
+
+
+async def aevaluate_groupthink(
     roster: Roster,
     graphs: dict[str, CompiledStateGraph],
     *,
@@ -58,7 +64,9 @@ def evaluate_groupthink(
     on_stage: Callable[[str], None] = lambda line: None,
     probe_set: str | Path | None = None,
 ) -> dict[str, Any]:
-    """Play, score and aggregate the held-out probes through ``graphs`` (see the module docstring).
+    """Play, score and aggregate the held-out probes through ``graphs`` (see the module
+    docstring), in the running event loop: the judge's and the graphs' clients live in one
+    loop, so run it in the loop that used them before (``evaluate(..., after=...)``).
 
     Args:
         roster: The evaluated roster; its probe set and labelled replies are read beside it.
@@ -92,21 +100,18 @@ def evaluate_groupthink(
     on_stage(f"groupthink: {len(held)} held-out probes x {len(graphs)} systems x {len(VARIANTS)} variants "
              f"({len(todo)} rounds to play)")
 
-    async def play() -> None:
-        gate = asyncio.Semaphore(concurrency)
-        with JsonlAppender(path) as sink:
-            async def one(system: str, probe: Any, variant: str) -> None:
-                async with gate:
-                    played = await aplay_probe(graphs[system], system, roster, probe, variant)
-                sink.write(played.record())
-                done[(system, probe.id, variant)] = played
+    gate = asyncio.Semaphore(concurrency)
+    with JsonlAppender(path) as sink:
+        async def one(system: str, probe: Any, variant: str) -> None:
+            async with gate:
+                played = await aplay_probe(graphs[system], system, roster, probe, variant)
+            sink.write(played.record())
+            done[(system, probe.id, variant)] = played
 
-            await asyncio.gather(*(one(s, p, v) for s, p, v in todo))
-
-    asyncio.run(play())
+        await asyncio.gather(*(one(s, p, v) for s, p, v in todo))
     on_stage("groupthink: checking the judge and the rule fallback on the held-out labelled replies")
     judge_scorer = JudgeScorer(judge, name=f"judge {judge_name}", concurrency=concurrency)
-    judge_check = check_scorer(judge_scorer, labelled, every)
+    judge_check = await acheck_scorer(judge_scorer, labelled, every)
     rules = RuleScorer.fit(labelled, every)
     rules_check = check_scorer(rules, labelled, every)
     chosen, reason = choose_scorer(judge_check, rules_check)
@@ -114,7 +119,7 @@ def evaluate_groupthink(
     rounds = [done[(s, p.id, v)] for s in graphs for p in held for v in VARIANTS]
     for r in rounds:
         r.verdicts = []  # scored afresh by the scorer chosen now
-    score_rounds(rounds, {p.id: p for p in every}, judge_scorer if chosen == "judge" else rules)
+    await ascore_rounds(rounds, {p.id: p for p in every}, judge_scorer if chosen == "judge" else rules)
     scores = groupthink_scores(rounds, held, scorer=judge_scorer.name if chosen == "judge" else rules.name,
                                reason=reason)
     results = {"probes": [p.id for p in held], "judge_check": judge_check.model_dump(),
