@@ -61,6 +61,7 @@ from mascot.training.evaluation.groupthink import (
     groupthink_table,
     paired_difference,
     score_rounds,
+    variant_difference,
 )
 from mascot.training.evaluation.probe_rounds import SYSTEMS, aplay, build_system
 from mascot.trained import shipped_run
@@ -267,20 +268,7 @@ def again(args: argparse.Namespace) -> int:
 
 def confederate_effect(rounds: list[ProbeRound], system: str) -> dict[str, Any] | None:
     """Endorses-only after the confederate minus plain, one system, paired by probe (points)."""
-    def shares(variant: str) -> dict[str, float]:
-        per: dict[str, list[bool]] = {}
-        for r in rounds:
-            if r.system == system and r.variant == variant:
-                for v in r.verdicts:
-                    if v is not None and (value := v.measure("endorses_only")) is not None:
-                        per.setdefault(r.probe, []).append(value)
-        return {p: 100 * sum(v) / len(v) for p, v in per.items()}
-
-    after, plain = shares("confederate"), shares("plain")
-    if not set(after) & set(plain):
-        return None
-    d = bootstrap_difference(after, plain)
-    return {"estimate": d.estimate, "low": d.low, "high": d.high, "probes": d.n}
+    return variant_difference(rounds, system, "endorses_only")
 
 
 AUDIT = Path(__file__).parent / "groupthink_audit.yaml"

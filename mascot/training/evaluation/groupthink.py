@@ -533,25 +533,36 @@ def groupthink_scores(rounds: Sequence[ProbeRound], probes: Sequence[GroupthinkP
     return {"scorer": scorer, "reason": reason, "systems": systems}
 
 
+def probe_shares(rounds: Sequence[ProbeRound], system: str, variant: str, measure: str) -> dict[str, float]:
+    """Per probe, the percent of ``system``'s replies in ``variant`` rounds that ``measure`` holds for."""
+    shares: dict[str, list[bool]] = {}
+    for r in rounds:
+        if r.system == system and r.variant == variant:
+            for v in r.verdicts:
+                if v is not None and (value := v.measure(measure)) is not None:
+                    shares.setdefault(r.probe, []).append(value)
+    return {p: 100 * sum(v) / len(v) for p, v in shares.items()}
+
+
 def paired_difference(rounds: Sequence[ProbeRound], a: str, b: str, measure: str, *,
                       variant: str) -> dict[str, float] | None:
     """System ``a`` minus system ``b`` on one measure (percentage points), paired by probe
     (each probe's share of replies), with its 95 % bootstrap interval; ``None`` without a
     probe both measured."""
-    def per_probe(system: str) -> dict[str, float]:
-        shares: dict[str, list[bool]] = {}
-        for r in rounds:
-            if r.system == system and r.variant == variant:
-                for v in r.verdicts:
-                    if v is not None and (value := v.measure(measure)) is not None:
-                        shares.setdefault(r.probe, []).append(value)
-        return {p: 100 * sum(v) / len(v) for p, v in shares.items()}
+    return _difference(probe_shares(rounds, a, variant, measure), probe_shares(rounds, b, variant, measure))
 
-    left, right = per_probe(a), per_probe(b)
+
+def _difference(left: Mapping[str, float], right: Mapping[str, float]) -> dict[str, float] | None:
     if not set(left) & set(right):
         return None
     d = bootstrap_difference(left, right)
     return {"estimate": d.estimate, "low": d.low, "high": d.high, "probes": d.n}
+
+
+def variant_difference(rounds: Sequence[ProbeRound], system: str, measure: str) -> dict[str, float] | None:
+    """One system after the confederate minus plain on one measure (points), paired by probe."""
+    return _difference(probe_shares(rounds, system, "confederate", measure),
+                       probe_shares(rounds, system, "plain", measure))
 
 
 def _cell(rate: Mapping[str, float] | None) -> str:
