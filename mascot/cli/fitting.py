@@ -245,16 +245,6 @@ def _train_director(args: argparse.Namespace) -> int:
 
 
 def _train_sft(args: argparse.Namespace) -> int:
-    from mascot.training.fitting.adapter_folder import AdapterFolderError, adapter_target, is_finished
-    from mascot.training.fitting.adapter_registry import register_adapter
-    from mascot.training.fitting.warm_start import (
-        WarmStartConfig,
-        WarmStartError,
-        director_rows,
-        speaker_rows,
-        train_warm_start,
-    )
-
     roster = load_roster(args.roster)
     if args.samples and (args.pairs or args.group_pairs):
         raise UsageError("use either --samples or --pairs/--group-pairs, not both")
@@ -265,6 +255,23 @@ def _train_sft(args: argparse.Namespace) -> int:
         raise UsageError(f"--keep {args.keep}: must be at least 1")
     if args.group_pairs and not (args.blocks and args.episodes):
         raise UsageError("--group-pairs needs --blocks FILE and --episodes FILE (the directions and their prompts)")
+    # a missing file is said before the trainers' stack loads (seconds of imports)
+    for flag, where in (("--samples", args.samples), ("--blocks", args.blocks), ("--episodes", args.episodes)):
+        if where and not Path(where).is_file():
+            raise UsageError(f"{flag}: no such file {where}")
+    for flag, where in (("--pairs", args.pairs), ("--group-pairs", args.group_pairs)):
+        if where and not _pairs_file(where).is_file():
+            raise UsageError(f"{flag}: no such file {_pairs_file(where)}")
+    from mascot.training.fitting.adapter_folder import AdapterFolderError, adapter_target, is_finished
+    from mascot.training.fitting.adapter_registry import register_adapter
+    from mascot.training.fitting.warm_start import (
+        WarmStartConfig,
+        WarmStartError,
+        director_rows,
+        speaker_rows,
+        train_warm_start,
+    )
+
     config, base = recipe_from_args(WarmStartConfig, args)
     policy_file = Path(args.policy_file or Path(args.out) / POLICY_FILE)
     jobs = []
@@ -375,14 +382,19 @@ def _pairs(where: str | None, flag: str = "--pairs") -> list[dict[str, Any]]:
 
     if not where:
         raise UsageError("--method dpo needs --pairs DIR (from mascot pairs) or a pairs JSONL file")
-    path = Path(where)
-    path = path / "train.jsonl" if path.is_dir() else path
+    path = _pairs_file(where)
     if not path.is_file():
         raise UsageError(f"{flag}: no such file {path}")
     rows = read_pairs(path)
     if not rows:
         raise UsageError(f"{flag}: no pairs in {path}")
     return rows
+
+
+def _pairs_file(where: str) -> Path:
+    """The pairs file a ``--pairs`` value names: a file, or ``train.jsonl`` in a folder."""
+    path = Path(where)
+    return path / "train.jsonl" if path.is_dir() else path
 
 
 def _main_process() -> bool:
