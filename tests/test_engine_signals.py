@@ -84,8 +84,11 @@ def test_serve_leaves_no_engine_process_after_a_signal(sig: signal.Signals, offl
         port = probe.getsockname()[1]
     log = tmp_path / "serve.log"
     with log.open("w") as stderr:
+        # eager: a bare base's start compiles the model for ~50 s on a CPU (vLLM 0.32 recompiles on
+        # every start); the processes to stop are the same
         process = subprocess.Popen([MASCOT, "serve", "--engine", "vllm", "--policies", str(policies), "--port",
-                                    str(port)], stdout=subprocess.DEVNULL, stderr=stderr,
+                                    str(port), "--vllm-args=--enforce-eager"], stdout=subprocess.DEVNULL,
+                                   stderr=stderr,
                                    env={**os.environ, "HF_HUB_OFFLINE": "1"})
     try:
         deadline = time.monotonic() + 600
