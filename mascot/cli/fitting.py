@@ -310,12 +310,11 @@ def _train_sft(args: argparse.Namespace) -> int:
 
 
 def _sample_jobs(path: str, keep: int, roster: Roster) -> list[tuple[str, Any, list[str], str]]:
-    """The warm-start jobs of a samples file: the speakers' and the Director's rows that passed."""
+    """The warm-start jobs of a samples file (``_train_sft`` checked it exists): the speakers'
+    and the Director's rows that passed."""
     from mascot.training.data.warm_start_samples import kept_rows, sample_counts
     from mascot.training.fitting.warm_start import WarmStartRows
 
-    if not Path(path).is_file():
-        raise UsageError(f"--samples: no such file {path}")
     rows = kept_rows(path, keep=keep, sources=["policy", "teacher"])
     counts = sample_counts(path)
     jobs = []
@@ -336,10 +335,9 @@ def _sample_jobs(path: str, keep: int, roster: Roster) -> list[tuple[str, Any, l
 
 
 def _blocks(path: str) -> list[Any]:
+    """The sibling blocks of ``--blocks`` (``_train_sft`` checked the file exists)."""
     from mascot.training.data.sibling_blocks import SiblingBlockError, read_block_candidates
 
-    if not Path(path).is_file():
-        raise UsageError(f"--blocks: no such file {path}")
     try:
         return read_block_candidates(path)
     except SiblingBlockError as exc:
