@@ -7,7 +7,7 @@ directions for the openings of the *train* scenarios of both shipped rosters
 (``bench/learning/split.json``; the held-out ones are never looked at), through a vLLM
 server with the same structured output the graph asks for (``direction_schema``), 2 samples
 each at the chat's temperature 0.7. Printed per variant: the share of actions that refuse or
-talk as an assistant (``reply_faults``), that copy six or more words of the prompt
+talk as an assistant (``faults``), that copy six or more words of the prompt
 (``reply.copies``), that are shorter than three words, of tones longer than six words, of
 directions naming the voice offered first, and three directions verbatim. Written to
 ``bench/results/director_prompt.json``.
@@ -31,7 +31,7 @@ from langchain_core.messages import BaseMessage, HumanMessage
 from mascot.graphs.direction import direction_schema
 from mascot.graphs.prompts import director_messages
 from mascot.graphs.reply import copies, word_count
-from mascot.graphs.reply_faults import reply_fault
+from mascot.graphs.faults import reply_fault
 from mascot.graphs.state import offered_speakers
 from mascot.messages import chat_messages
 from mascot.rosters import load_roster, load_scenarios
@@ -175,7 +175,7 @@ async def measure(url: str, model: str, points: list[tuple[Any, str]], variants:
             action, tone = str(direction.get("action", "")), str(direction.get("tone", ""))
             shown = [m.text for m in prompt]
             return {"variant": variant, "text": text, "speaker": direction.get("speaker"), "first": allowed[0],
-                    "refusal": reply_fault(action) in ("refusal", "boilerplate") or reply_fault(tone) == "refusal",
+                    "refusal": reply_fault(action) in ("refusal", "helpdesk") or reply_fault(tone) == "refusal",
                     "copied_action": copies(action, shown), "short_action": word_count(action) < 3,
                     "long_tone": word_count(tone) > 6}
 

@@ -280,13 +280,13 @@ def readme_targets(runs: dict[str, list[dict[str, Any]]]) -> dict[str, dict[str,
     """The README message's target: every trained round has two or more voices, no refusal
     and no copy of the roster's style example."""
     from mascot.graphs.reply import copies
-    from mascot.graphs.reply_faults import reply_fault
+    from mascot.graphs.faults import reply_fault
 
     style = load_roster("emotional_support")
     examples = [p.style for p in style.personas]
     rounds = runs.get("trained", [])
     voices = [len({t["speaker"] for t in r["turns"]}) for r in rounds]
-    refusals = sum(reply_fault(t["text"]) in ("refusal", "boilerplate") for r in rounds for t in r["turns"])
+    refusals = sum(reply_fault(t["text"]) in ("refusal", "helpdesk") for r in rounds for t in r["turns"])
     copied = sum(copies(t["text"], examples) for r in rounds for t in r["turns"])
     return {"readme_message_two_voices_no_refusal_no_copy": {
         "rounds": len(rounds), "voices": voices, "refusals": refusals, "copied_style": copied,

@@ -29,9 +29,9 @@ evaluated again from the recomputed means and set beside the committed ``met``.
 
 Why it is independent: it reads the JSONL with ``json`` (not the Episode class) and computes
 every figure with its own code here: it imports neither ``mascot.training.evaluation`` nor
-``mascot.graphs.reply``/``reply_faults``; only the roster is loaded with ``mascot.rosters``.
+``mascot.graphs.reply``/``faults``; only the roster is loaded with ``mascot.rosters``.
 Refusals and assistant talk are found by this file's own phrase patterns, written from the
-description of ``reply_faults`` and not copied from it, so a disagreement on that row shows
+description of ``faults`` and not copied from it, so a disagreement on that row shows
 where the two detectors differ; the other definitions follow ``guards.py``.
 
     python bench/learning_check.py [DOCS_DIR] [--tolerance POINTS] [--json OUT]

@@ -31,12 +31,15 @@ def test_direction_checks(roster: Roster, episodes: list) -> None:
         "I'm sorry, but I can't help with that.": "invalid",  # no JSON: the graph replaces it
         json.dumps({**GOOD, "speaker": "The Catalyst"}): "repaired",
         json.dumps({**GOOD, "action": "I'm sorry, but I can't assist with that request."}): "refusal",
-        json.dumps({**GOOD, "action": "As an AI language model I suggest a question"}): "boilerplate",
+        json.dumps({**GOOD, "action": "As an AI language model I suggest a question"}): "refusal",
         json.dumps({**GOOD, "action": "Respond."}): "short_action",
-        json.dumps({**GOOD, "action": person.strip()[:400]}): "copied_action",
-        json.dumps({**GOOD, "action": f"Say: {roster.director.guidance[:200]}"}): "copied_action",
+        json.dumps({**GOOD, "action": person.strip()[:400]}): "copied",
+        json.dumps({**GOOD, "action": f"Say: {roster.director.guidance[:200]}"}): "copied",
         json.dumps({**GOOD, "tone": "The tone should be warm and gentle and kind to them"}): "long_tone",
         json.dumps({**GOOD, "tone": ""}): "repaired",  # a missing tone is filled in by the graph
+        json.dumps({**GOOD, "action": "I will be able to get better again."}): "first_person",
+        json.dumps({**GOOD, "action": "The Catalyst, the critical thinker"}): "names_voice",
+        json.dumps({**GOOD, "action": "Oh no! I'm sorry, but I can't help you with that."}): "refusal",
     }
     assert {text: direction_fault(text, point, roster) for text in cases} == cases
     assert direction_fault(json.dumps({"speaker": "user", "action": "", "tone": ""}), point, roster) == "invalid"
@@ -49,9 +52,12 @@ def test_reply_checks(roster: Roster, episodes: list) -> None:
         "That sounds exhausting, and it makes sense that you want to hide for a while.": None,
         "": "empty",
         "I'm sorry, but I can't assist with that.": "refusal",
-        "How can I assist you today?": "boilerplate",
+        "How can I assist you today?": "helpdesk",
         f"User: {person}": "as_person",
         "It sounds like you feel let down and a bit embarrassed.": "copies_style",  # the roster's own example
+        "Oh no! I'm sorry, but I can't help you with that.": "refusal",  # after an interjection
+        "Sure, I'd be happy to help. What would you like me to do?": "helpdesk",
+        f"Tone: warm. {context.direction.action}": "echoes_prompt",
     }
     assert {text: reply_sample_fault(text, context, roster) for text in cases} == cases
 

@@ -21,7 +21,7 @@ from mascot.graphs.reply import (
     user_labels,
     word_count,
 )
-from mascot.graphs.reply_faults import copies_voice
+from mascot.graphs.faults import copies_voice
 from mascot.graphs.safety import has_resources
 from mascot.graphs.state import DirectorState, round_messages
 from mascot.rosters import Persona, Roster

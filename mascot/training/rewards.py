@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from mascot.graphs.embeddings import Embedder, default_embedder
 from mascot.graphs.reply import copies, speaker_labels, user_labels
-from mascot.graphs.reply_faults import reply_fault
+from mascot.graphs.faults import reply_fault
 from mascot.graphs.state import round_speakers
 from mascot.rosters import USER, Roster
 from mascot.training.measures import cosine, distinct_n, redundancy, round_persona_turns, speaker_balance
@@ -137,8 +137,8 @@ def format_reward(
       writes lines for other speakers or for the person.
     - ``-0.5`` (``LENGTH_PENALTY``) over ``max_words`` words.
     - An empty (or whitespace) reply gets ``-1.0`` (``EMPTY_REWARD``) and nothing else, and
-      so does a reply with a ``graphs.reply_faults.reply_fault``: a refusal, assistant
-      boilerplate, speaking as the person (read from the prompt's last user message), or a
+      so does a reply with a ``graphs.faults.reply_fault``: a refusal, assistant
+      help-desk talk, speaking as the person (read from the prompt's last user message), or a
       copy of an earlier voice of the round (``round_turns``) or of the person. A refusal
       is short, clean and unlike every other voice; without this it would score best.
 

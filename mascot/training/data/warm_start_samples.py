@@ -9,15 +9,13 @@ by its text instead, and only the ones that pass become SFT rows (``mascot train
 --samples``):
 
 - a **direction** (``direction_fault``) must be valid JSON naming a voice that may speak
-  (not repaired, not replaced: ``invalid``, ``repaired``); its action no refusal or
-  assistant boilerplate (``refusal``, ``boilerplate``), at least ``MIN_ACTION_WORDS`` words
-  (``short_action``), in the Director's own words: no run of ``reply.COPY_WORDS`` words of
-  its prompt (guidance, voices, the person, an earlier reply: ``copied_action``); its tone
-  at most ``TONE_WORDS`` words (``long_tone``). A hand-back needs no action.
-- a **reply** (``reply_sample_fault``) must not be empty (``empty``), none of
-  ``reply_faults.FAULTS`` (refusal, boilerplate, as the person, a copy of the person or of an
-  earlier voice of the round), and no copy of its persona's text or style example
-  (``copies_style``).
+  (not repaired, not replaced: ``invalid``, ``repaired``), an action of at least
+  ``MIN_ACTION_WORDS`` words (``short_action``), and none of ``faults.DIRECTION_FAULTS``
+  (a refusal, the first person, the voice named instead of instructed, words copied from
+  its prompt, a tone that is a sentence). A hand-back needs no action.
+- a **reply** (``reply_sample_fault``) must not be empty (``empty``) and have none of
+  ``faults.REPLY_FAULTS`` (a refusal anywhere, help-desk talk, as the person, a copy of the
+  person, of an earlier voice, of a persona's text or of its own direction).
 
 Each kept sample is a TRL prompt-completion row; at most ``keep`` distinct ones per context
 are kept, the sources in the order given. ``samples.jsonl`` holds every sample with its
@@ -41,8 +39,10 @@ from langchain_core.language_models import BaseChatModel
 
 from mascot.graphs.direction import StageDirection, interpret_direction
 from mascot.graphs.director import Decider
-from mascot.graphs.reply import COPY_WORDS, copies, word_count
-from mascot.graphs.reply_faults import reply_fault
+from mascot.graphs.reply import word_count
+from mascot.graphs.faults import DIRECTION_FAULTS as TEXT_DIRECTION_FAULTS
+from mascot.graphs.faults import REPLY_FAULTS as TEXT_REPLY_FAULTS
+from mascot.graphs.faults import direction_faults, persona_texts, reply_faults, voice_names
 from mascot.graphs.state import round_speakers
 from mascot.messages import chat_messages
 from mascot.rosters import USER, Roster
@@ -50,16 +50,14 @@ from mascot.training.data.block_rollout import DecisionPoint
 from mascot.training.data.candidates import CandidateContext, clean_sample
 from mascot.training.jsonl import JsonlAppender, check_writable, exclusive, read_jsonl
 
-#: Most words a tone may have ("warm, unhurried" is a tone; a sentence is not).
-TONE_WORDS = 6
 #: Fewest words of an action that says what to do ("Ask what went wrong").
 MIN_ACTION_WORDS = 3
 #: The fields of a direction the Director learns to write.
 WRITTEN_FIELDS = ("speaker", "action", "tone", "addressee")
 #: What a direction sample can fail on, in the order checked.
-DIRECTION_FAULTS = ("invalid", "repaired", "refusal", "boilerplate", "short_action", "copied_action", "long_tone")
+DIRECTION_FAULTS = ("invalid", "repaired", "short_action", *TEXT_DIRECTION_FAULTS)
 #: What a reply sample can fail on.
-REPLY_FAULTS = ("empty", "refusal", "boilerplate", "as_person", "copies_voice", "copies_person", "copies_style")
+REPLY_FAULTS = ("empty", *TEXT_REPLY_FAULTS)
 
 
 def direction_fault(text: str, point: DecisionPoint, roster: Roster, *, min_speakers_per_round: int = 1) -> str | None:
@@ -81,16 +79,11 @@ def direction_fault(text: str, point: DecisionPoint, roster: Roster, *, min_spea
         return "repaired"
     if direction.speaker == USER:
         return None
-    fault = reply_fault(direction.action)
-    if fault in ("refusal", "boilerplate"):
-        return fault
     if word_count(direction.action) < MIN_ACTION_WORDS:
         return "short_action"
-    if copies(direction.action, [m["content"] for m in point.prompt], min_words=COPY_WORDS):
-        return "copied_action"
-    if not 1 <= word_count(direction.tone) <= TONE_WORDS or reply_fault(direction.tone):
-        return "long_tone"
-    return None
+    found = direction_faults(direction.action, direction.tone, names=voice_names(roster),
+                             shown=[m["content"] for m in point.prompt])
+    return found[0] if found else None
 
 
 def reply_sample_fault(text: str, context: CandidateContext, roster: Roster) -> str | None:
@@ -101,13 +94,9 @@ def reply_sample_fault(text: str, context: CandidateContext, roster: Roster) -> 
     person = next((m["content"] for m in reversed(context.context) if m.get("role") == "user"), "")
     last_person = max((i for i, m in enumerate(context.context) if m.get("role") == "user"), default=-1)
     voices = [m["content"] for m in context.context[last_person + 1:] if m.get("name") in roster.persona_ids]
-    fault = reply_fault(text, person=person, voices=voices)
-    if fault:
-        return fault
-    persona = roster.persona(context.persona)
-    if copies(text, [persona.style, persona.persona], min_words=COPY_WORDS):
-        return "copies_style"
-    return None
+    found = reply_faults(text, person=person, voices=voices, personas=persona_texts(roster),
+                         instructions=[context.direction.action, context.direction.tone])
+    return found[0] if found else None
 
 
 @dataclass

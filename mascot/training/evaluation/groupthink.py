@@ -38,7 +38,7 @@ from pydantic import BaseModel, ConfigDict
 
 from mascot.graphs.embeddings import Embedder, default_embedder
 from mascot.graphs.reply import word_count
-from mascot.graphs.reply_faults import reply_fault
+from mascot.graphs.faults import reply_fault
 from mascot.rosters.probes import GroupthinkProbe, LabelledReply
 from mascot.training.evaluation.bootstrap import bootstrap_difference
 from mascot.training.judging.judge_sanity import SANITY_P_VALUE, SANITY_THRESHOLD, binomial_p, trusted

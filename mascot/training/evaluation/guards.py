@@ -10,8 +10,13 @@ an episode has nothing to measure, so it does not count):
 - ``voices_per_round``: persona turns per round (a round: the turns after a person's message).
 - ``multi_voice_rounds``: rounds with two or more voices.
 - ``reply_words``: words per persona turn.
-- ``refusal_rate``: persona turns that refuse or talk as an assistant (``reply_fault``
-  ``refusal`` or ``boilerplate``).
+- ``multi_voice_rounds_all``: the same over every round, silent ones included (a round the
+  Director handed straight back counts as one voice short).
+- ``refusal_rate``: persona turns that refuse (anywhere in the reply) or talk as an
+  assistant (``faults.reply_faults`` ``refusal`` or ``helpdesk``).
+- ``helpdesk_rate``: persona turns with help-desk talk ("What would you like me to do?").
+- ``style_copies``: persona turns repeating a persona's text or style example.
+- ``prompt_echoes``: persona turns saying back their own direction or the prompt's wording.
 - ``echo_rate``: persona turns that copy an earlier voice of the round or the person, over
   every attempt: the speaker node skips most copies before they are heard (a fallback
   "repeated a voice heard this round" or "repeated the person's message"), and those count.
@@ -23,6 +28,9 @@ an episode has nothing to measure, so it does not count):
   and voices, the person, an earlier reply).
 - ``action_refusals``: directions of persona turns whose action refuses or talks as an
   assistant ("I'm sorry, but I can't help with that."), by the reply checks.
+- ``action_first_person``: directions whose action speaks in the first person or names the
+  voice instead of instructing it (``faults.direction_faults``: ``first_person``,
+  ``names_voice``).
 - ``short_tones``: directions of persona turns whose tone has at most ``TONE_WORDS`` words
   (a tone, not a sentence).
 - ``first_offered``: directions of persona turns naming the voice offered first (``offered``, with
@@ -34,15 +42,15 @@ an episode has nothing to measure, so it does not count):
 from __future__ import annotations
 
 from mascot.graphs.reply import copies, word_count
-from mascot.graphs.reply_faults import reply_fault
+from mascot.graphs.faults import TONE_WORDS, direction_faults, persona_texts, reply_faults, voice_names
 from mascot.rosters import USER, Roster
 from mascot.training.episodes.episode import Episode
 
 #: The guard metrics, in report order.
-GUARDS = ("voices_per_round", "multi_voice_rounds", "reply_words", "refusal_rate", "echo_rate", "as_person_rate",
-          "skipped_turns", "copied_actions", "action_refusals", "short_tones", "first_offered", "offered_voices")
-#: A tone of at most this many words counts as a tone (``short_tones``).
-TONE_WORDS = 6
+GUARDS = ("voices_per_round", "multi_voice_rounds", "multi_voice_rounds_all", "reply_words", "refusal_rate",
+          "helpdesk_rate", "style_copies", "prompt_echoes", "echo_rate", "as_person_rate", "skipped_turns",
+          "copied_actions", "action_refusals", "action_first_person", "short_tones", "first_offered",
+          "offered_voices")
 #: Fallback reasons of the speaker node for a skipped copy (``graphs.speaker``).
 _COPY_SKIPS = ("repeated a voice heard this round", "repeated the person's message")
 
@@ -60,10 +68,11 @@ def guard_metrics(episode: Episode, roster: Roster) -> dict[str, float | None]:
     """The guard metrics of one episode (see the module docstring)."""
     rounds: list[list[str]] = []
     person = ""
-    faults: list[str | None] = []
+    faults: list[tuple[str, ...]] = []
     directions: list[dict] = []
     copied = 0
     shown = _roster_text(roster)
+    personas, names = persona_texts(roster), voice_names(roster)
     for index, message in enumerate(episode.messages):
         if message.role == "user":
             rounds.append([])
@@ -71,7 +80,9 @@ def guard_metrics(episode: Episode, roster: Roster) -> dict[str, float | None]:
         elif message.role == "assistant" and message.name in roster.persona_ids:
             if not rounds:
                 rounds.append([])
-            faults.append(reply_fault(message.content, person=person, voices=rounds[-1]))
+            direction = message.stage_direction or {}
+            faults.append(reply_faults(message.content, person=person, voices=rounds[-1], personas=personas,
+                                       instructions=[str(direction.get("action", "")), str(direction.get("tone", ""))]))
             rounds[-1].append(message.content)
             if message.stage_direction:  # what the Director read when it wrote this turn's direction
                 directions.append(message.stage_direction)
@@ -84,17 +95,24 @@ def guard_metrics(episode: Episode, roster: Roster) -> dict[str, float | None]:
     copy_skips = sum(any(reason in str(f.get("reason", "")) for reason in _COPY_SKIPS) for f in skips)
     attempts = len(faults) + len(skips)
     spoken_rounds = [voices for voices in rounds if voices]
+    action_faults = [direction_faults(str(d.get("action", "")), str(d.get("tone", "")), names=names)
+                     for d in directions]
     return {
         "voices_per_round": sum(map(len, spoken_rounds)) / len(spoken_rounds) if spoken_rounds else None,
         "multi_voice_rounds": _share(sum(len(v) >= 2 for v in spoken_rounds), len(spoken_rounds)),
+        "multi_voice_rounds_all": _share(sum(len(v) >= 2 for v in rounds), len(rounds)),
         "reply_words": sum(map(word_count, turns)) / len(turns) if turns else None,
-        "refusal_rate": _share(sum(f in ("refusal", "boilerplate") for f in faults), len(faults)),
-        "echo_rate": _share(sum(f in ("copies_voice", "copies_person") for f in faults) + copy_skips, attempts),
-        "as_person_rate": _share(sum(f == "as_person" for f in faults), len(faults)),
+        "refusal_rate": _share(sum("refusal" in f or "helpdesk" in f for f in faults), len(faults)),
+        "helpdesk_rate": _share(sum("helpdesk" in f for f in faults), len(faults)),
+        "style_copies": _share(sum("copies_style" in f for f in faults), len(faults)),
+        "prompt_echoes": _share(sum("echoes_prompt" in f for f in faults), len(faults)),
+        "echo_rate": _share(sum("copies_voice" in f or "copies_person" in f for f in faults) + copy_skips, attempts),
+        "as_person_rate": _share(sum("as_person" in f for f in faults), len(faults)),
         "skipped_turns": _share(len(skips), attempts),
         "copied_actions": _share(copied, len(directions)),
-        "action_refusals": _share(sum(reply_fault(str(d.get("action", ""))) in ("refusal", "boilerplate")
-                                      for d in directions), len(directions)),
+        "action_refusals": _share(sum("refusal" in f for f in action_faults), len(directions)),
+        "action_first_person": _share(sum("first_person" in f or "names_voice" in f for f in action_faults),
+                                      len(directions)),
         "short_tones": _share(sum(0 < word_count(str(d.get("tone", ""))) <= TONE_WORDS for d in directions),
                               len(directions)),
         "first_offered": _share(sum(d["speaker"] == d["offered"][0] for d in offered), len(offered)),

@@ -5,8 +5,8 @@ fine-tunes on the best the data holds, then uses that model as the candidate sam
 as the policy GRPO starts from. Here:
 
 - **speaker rows**: for each context of the persona pairs (``mascot pairs``), the reply
-  that won with the highest label, when it is no refusal, boilerplate, copy or reply
-  spoken as the person (``graphs.reply_faults``);
+  that won with the highest label, when it is no refusal, help-desk talk, copy or reply
+  spoken as the person (``graphs.faults``);
 - **Director rows**: for each decision point of the group pairs, the direction of the
   block that won with the highest label (the block file gives the direction, the episodes
   the Director's prompt at that point), when the model wrote it valid.
@@ -31,7 +31,7 @@ from datasets import Dataset
 from transformers import TrainerCallback
 from trl import SFTConfig, SFTTrainer
 
-from mascot.graphs.reply_faults import reply_fault
+from mascot.graphs.faults import reply_fault
 from mascot.policies.thinking import chat_template_kwargs
 from mascot.training.fitting.adapter_folder import adapter_target
 from mascot.training.fitting.lora_run import LoraRun, fit_lora

@@ -14,7 +14,7 @@ prompt of ``graphs.prompts.speaker_messages``: the system message holds the pers
 other voices' answers of this round and ``The Director asks you to: ACTION. Tone: TONE.``;
 the user message is the person's latest) scores 0 when it is empty, says a cue back
 (``graphs.reply.echoes`` against the action and tone, or cue-like, below), or has a
-``graphs.reply_faults.reply_fault`` (a refusal, assistant boilerplate, speaking as the
+``graphs.faults.reply_fault`` (a refusal, help-desk talk, speaking as the
 person, a copy of an earlier voice or of the person), else::
 
     100 * (0.2 format + 0.2 substance + 0.2 novelty + 0.2 persona_fit + 0.2 relevance)
@@ -57,7 +57,7 @@ from collections.abc import Sequence
 
 from mascot.graphs.embeddings import Embedder, Vector, default_embedder
 from mascot.graphs.reply import echoes, speaker_labels, strip_cues
-from mascot.graphs.reply_faults import reply_fault
+from mascot.graphs.faults import reply_fault
 from mascot.rosters import USER, Persona, Roster
 from mascot.training.judging.judgement import JudgedCandidate
 from mascot.training.measures import cosine, describe_persona  # as persona identifiability embeds and compares
