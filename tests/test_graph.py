@@ -170,6 +170,39 @@ def test_hand_back_without_persona_turns_still_ends_the_round(roster) -> None:
     assert [x.speaker for x in stage_directions(state)] == [USER] * 3
 
 
+def test_scripted_followups_start_the_later_rounds_then_the_simulator_speaks(roster) -> None:
+    scenario = load_scenarios("emotional_support")[0].model_copy(update={"followups": ["The thing is, I start Monday."]})
+    director = PromptChat(reply=lambda prompt: d(USER))
+    asked = []
+    user = PromptChat(reply=lambda prompt: asked.append(prompt) or "Are you still there?")
+    graph = create_director_graph(roster, director=director, speakers=ScriptedChat(replies=[]), user=user,
+                                  min_speakers_per_round=0, max_rounds=3).compile()
+    state = graph.invoke({"messages": [], "scenario": scenario.model_dump(),
+                          "user_profile": roster.user_profiles[0].model_dump()}, {"recursion_limit": 25})
+    assert [m.text for m in state["messages"]] == [scenario.opening, "The thing is, I start Monday.",
+                                                   "Are you still there?"]
+    assert len(asked) == 1  # the simulator spoke only past the script
+
+
+@pytest.mark.parametrize("asynchronous", [False, True])
+def test_a_refusing_simulated_person_is_sampled_again_then_the_conversation_ends(roster, asynchronous) -> None:
+    scenario = load_scenarios("emotional_support")[0]
+    replies = iter(["I'm sorry, but I can't assist with that.", "Okay. What would you like to talk to me about?",
+                    "Honestly I just want to sleep.", *["I'm sorry, but I can't help with that."] * 3])
+    asked = []
+    user = PromptChat(reply=lambda prompt: asked.append(prompt) or next(replies))
+    graph = create_director_graph(roster, director=PromptChat(reply=lambda prompt: d(USER)),
+                                  speakers=ScriptedChat(replies=[]), user=user, min_speakers_per_round=0,
+                                  max_rounds=5).compile()
+    start = {"messages": [], "scenario": scenario.model_dump(), "user_profile": roster.user_profiles[0].model_dump()}
+    state = asyncio.run(graph.ainvoke(start, {"recursion_limit": 40})) if asynchronous else graph.invoke(
+        start, {"recursion_limit": 40})
+    # the second round starts from the third sample; the third round never starts from a refusal
+    assert [m.text for m in state["messages"]] == [scenario.opening, "Honestly I just want to sleep."]
+    assert len(asked) == 6
+    assert state["fallbacks"][-1]["reason"] == "refusal from the simulated person; conversation ended"
+
+
 def test_each_persona_speaks_once_per_round(roster) -> None:
     director = ScriptedChat(replies=[d("anchor"), d("anchor"), d(USER), d("anchor"), d(USER)])
     graph = create_director_graph(roster, director=director, speakers=ScriptedChat(replies=["a", "b", "c"]),

@@ -10,6 +10,7 @@ from langchain_core.messages import BaseMessage, HumanMessage
 from langgraph.graph import END
 from langgraph.types import Command, interrupt
 
+from mascot.graphs.faults import reply_faults
 from mascot.graphs.node import Node
 from mascot.graphs.prompts import user_simulator_messages
 from mascot.graphs.reply import clean_reply, speaker_labels, user_labels
@@ -20,6 +21,8 @@ logger = logging.getLogger(__name__)
 
 #: Name of the node where the turn returns to the person.
 USER_NODE = "user"
+#: Samples of the simulated person before a conversation whose person keeps refusing ends.
+PERSON_TRIES = 3
 #: The user turn goes back to the Director, or ends the run.
 UserKind = BaseChatModel | Literal["human"] | None
 
@@ -36,7 +39,11 @@ def user_node(roster: Roster, user: UserKind, *, max_rounds: int, next_node: str
     - ``user="human"``: the graph interrupts; resume with ``Command(resume="text")``
       (an empty resume ends the conversation).
     - ``user=<chat model>``: the model plays ``state["user_profile"]``; the first message
-      of an empty conversation is the scenario's opening line.
+      of an empty conversation is the scenario's opening line, and the next ones are the
+      scenario's ``followups`` while it has them (the same for every system an evaluation
+      compares). A simulated message that refuses or talks as an assistant
+      (``faults.reply_faults``) is sampled again, up to ``PERSON_TRIES`` times; then the
+      conversation ends, recorded as a fallback: no round starts from a refusing "person".
 
     Args:
         roster: The roster the conversation uses.
@@ -69,16 +76,33 @@ def user_node(roster: Roster, user: UserKind, *, max_rounds: int, next_node: str
         scenario = Scenario.model_validate(scenario_data) if scenario_data else None
         return user_simulator_messages(roster, profile, scenario, state.get("messages", []))
 
-    def reply_command(update: dict[str, Any], text: str) -> Command:
-        text = clean_reply(text, own=own, others=others)
+    def person_fault(text: str) -> str | None:
+        """Why a simulated message cannot start a round: empty, a refusal or assistant talk."""
         if not text:
-            logger.warning("user simulator gave an empty reply; conversation ended")
+            return "empty reply"
+        faults = [f for f in reply_faults(text) if f in ("refusal", "helpdesk")]
+        return f"{faults[0]} from the simulated person" if faults else None
+
+    def reply_command(update: dict[str, Any], text: str, fault: str | None) -> Command:
+        if fault:
+            logger.warning("user simulator: %s after %d tries; conversation ended", fault, PERSON_TRIES)
             update["fallbacks"] = [
-                {"node": USER_NODE, "round": update["round"], "reason": "empty reply; conversation ended"}
+                {"node": USER_NODE, "round": update["round"], "reason": f"{fault}; conversation ended"}
             ]
             return Command(goto=END, update=update)
         update["messages"] = [HumanMessage(text)]
         return Command(goto=next_node, update=update)
+
+    def scripted(state: DirectorState, update: dict[str, Any]) -> Command | None:
+        """The scenario's next follow-up, while it has one."""
+        scenario = state.get("scenario")
+        if not scenario or user == "human":
+            return None
+        said = sum(isinstance(m, HumanMessage) for m in state.get("messages", []))
+        followups = Scenario.model_validate(scenario).followups
+        if 1 <= said <= len(followups):
+            return Command(goto=next_node, update={**update, "messages": [HumanMessage(followups[said - 1])]})
+        return None
 
     def begin(state: DirectorState) -> tuple[dict[str, Any], Command | None]:
         update = close_round(state)
@@ -100,8 +124,14 @@ def user_node(roster: Roster, user: UserKind, *, max_rounds: int, next_node: str
                 return Command(goto=END, update=update)
             update["messages"] = [HumanMessage(answer.strip())]
             return Command(goto=next_node, update=update)
+        if (command := scripted(state, update)) is not None:
+            return command
         assert isinstance(user, BaseChatModel)
-        return reply_command(update, user.invoke(prompt(state)).text)
+        for _ in range(PERSON_TRIES):
+            text = clean_reply(user.invoke(prompt(state)).text, own=own, others=others)
+            if (fault := person_fault(text)) is None:
+                break
+        return reply_command(update, text, fault)
 
     async def atake_turn(state: DirectorState) -> Command:
         if user == "human" or user is None:
@@ -109,6 +139,12 @@ def user_node(roster: Roster, user: UserKind, *, max_rounds: int, next_node: str
         update, done = begin(state)
         if done is not None:
             return done
-        return reply_command(update, (await user.ainvoke(prompt(state))).text)
+        if (command := scripted(state, update)) is not None:
+            return command
+        for _ in range(PERSON_TRIES):
+            text = clean_reply((await user.ainvoke(prompt(state))).text, own=own, others=others)
+            if (fault := person_fault(text)) is None:
+                break
+        return reply_command(update, text, fault)
 
     return Node(USER_NODE, take_turn, atake_turn)
