@@ -9,12 +9,13 @@ from pathlib import Path
 import pytest
 from fakes import PromptChat, digest
 
+from mascot.graphs.embeddings import LexicalEmbedder
 from mascot.rosters import Roster
 from mascot.training.data.block_rollout import decision_points
 from mascot.training.data.candidates import candidate_contexts
+from mascot.training.data.selection import select_rows
 from mascot.training.data.warm_start_samples import (
     direction_fault,
-    kept_rows,
     reply_sample_fault,
     sample_counts,
     sample_warm_start,
@@ -86,7 +87,7 @@ def test_sampling_counts_each_source_keeps_what_passes_and_resumes(roster: Roste
     assert sum(r["sampled"] for r in report.counts.values()) == 2 * 3 * 6 == len(out.read_text().splitlines())
     assert report.counts == sample_counts(out)
     assert report.counts["policy/director"]["passed"] < report.counts["teacher/director"]["passed"]
-    rows = kept_rows(out, keep=2, sources=["policy", "teacher"])
+    rows = select_rows(out, roster, keep=2, embedder=LexicalEmbedder())
     assert len(rows["director"]) <= 2 * len(points) and len(rows["speakers"]) <= 2 * len(contexts)
     assert rows["director"] and rows["speakers"]
     for row in rows["director"]:
@@ -102,7 +103,7 @@ def test_sampling_counts_each_source_keeps_what_passes_and_resumes(roster: Roste
         asyncio.run(sample_warm_start(points, [], roster, {"policy": {"anchor": sources["policy"]["anchor"]}},
                                       k=1, out=tmp_path / "other.jsonl"))
     with pytest.raises(ValueError, match="keep=0"):
-        kept_rows(out, keep=0)
+        select_rows(out, roster, keep=0)
 
 
 def test_directions_are_sampled_as_the_graph_asks_structured_over_the_voices_offered(roster: Roster, episodes: list,

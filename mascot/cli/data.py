@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 from pathlib import Path
 from typing import Any
 
@@ -71,19 +72,28 @@ def add_commands(commands: argparse._SubParsersAction) -> None:
     samples.add_argument("--max-points", type=positive, metavar="N", help="use only the first N decision points")
     samples.add_argument("--max-contexts", type=positive, metavar="N", help="use only the first N persona turns")
     samples.add_argument("--concurrency", type=positive, default=8, metavar="C")
+    samples.add_argument("--play", action="store_true",
+                         help="play each passing direction as a one-turn block with the policy's speakers, so "
+                              "directions are ranked by what their voice then said (mascot train-sft --samples)")
     samples.add_argument("--seed", type=int, help="seed for sampling")
     samples.add_argument("--out", required=True, metavar="FILE", help="samples JSONL (appended; each with its fault)")
     samples.set_defaults(run=_samples)
 
-    pairs = commands.add_parser("pairs", help="preference pairs from judged candidates, or from an app's approvals")
+    pairs = commands.add_parser("pairs", help="preference pairs from judged candidates, from the groups of a "
+                                              "samples file, or from an app's approvals")
     source = pairs.add_mutually_exclusive_group(required=True)
+    source.add_argument("--samples", metavar="FILE",
+                        help="a samples file (mascot samples): per context the best passing sample by the measured "
+                             "outcomes against a faulty one, or the worst passing one --min-margin below it "
+                             "(speaker and Director pairs; needs --roster)")
     source.add_argument("--in", dest="source", metavar="JUDGED",
                         help="judged candidates: replies (mascot candidates) or sibling blocks (mascot blocks)")
     source.add_argument("--approvals", metavar="EPISODES",
                         help="episodes of a graph with approve=True: each direction the app edited or rejected "
                              "against the one it played (Director pairs; needs --roster)")
-    pairs.add_argument("--min-margin", type=float, default=0.5, metavar="M",
-                       help="least difference of the overall scores, in 1-5 judge units (default 0.5)")
+    pairs.add_argument("--min-margin", type=float, metavar="M",
+                       help="least difference of the overall scores, in 1-5 judge units (default 0.5); with "
+                            "--samples, of the measured scores (default 0.2)")
     pairs.add_argument("--metric-weight", type=_unit_interval, metavar="W",
                        help="label = (1-W) x judge + W x metric judge overall (default 0: judge only)")
     pairs.add_argument("--sanity", metavar="REPORT.json",
@@ -215,6 +225,9 @@ def _pairs(args: argparse.Namespace) -> int:
 
     if args.approvals:
         return _approval_pairs(args)
+    if args.samples:
+        return _sample_pairs(args)
+    args.min_margin = 0.5 if args.min_margin is None else args.min_margin
     source = Path(args.source)
     if not source.is_file():
         raise UsageError(f"--in: no such file {args.source}")
@@ -246,6 +259,30 @@ def _pairs(args: argparse.Namespace) -> int:
     out.print(f"pairs: {r.train_pairs} train ({train}), {r.test_pairs} test ({test}) from {r.contexts} contexts; "
               f"dropped {r.dropped_by_margin} under the margin {r.min_margin}, {r.dropped_identical} identical, "
               f"{r.failed_judgements} failed judgements; labels: {labels} ({why})", markup=False)
+    return 0
+
+
+def _sample_pairs(args: argparse.Namespace) -> int:
+    """``pairs --samples``: best against worst within each group of a samples file."""
+    from mascot.training.data.selection import pool_pairs
+
+    if not args.roster:
+        raise UsageError("--samples needs --roster (the persona descriptions the measures compare with)")
+    if not Path(args.samples).is_file():
+        raise UsageError(f"--samples: no such file {args.samples}")
+    made = pool_pairs(args.samples, load_roster(args.roster), seed=args.seed,
+                      min_margin=0.2 if args.min_margin is None else args.min_margin)
+    folder = Path(args.out)
+    folder.mkdir(parents=True, exist_ok=True)
+    for split, rows in made.items():
+        (folder / f"{split}.jsonl").write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows),
+                                               encoding="utf-8")
+    roles = {role: sum((r["persona"] == "director") == (role == "director") for rows in made.values() for r in rows)
+             for role in ("director", "speakers")}
+    faulty = sum(r["provenance"]["rejected"]["why"].startswith("fault") for rows in made.values() for r in rows)
+    out.print(f"pairs: {len(made['train'])} train, {len(made['test'])} test in {folder} from {args.samples} "
+              f"(director {roles['director']}, speakers {roles['speakers']}; {faulty} against a faulty sample, "
+              f"the rest against the lowest measured one)", markup=False)
     return 0
 
 
@@ -315,8 +352,9 @@ def _samples(args: argparse.Namespace) -> int:
         def show(report: SampleReport) -> None:
             progress.update(task, completed=report.skipped + sum(r["sampled"] for r in report.counts.values()))
 
+        play = {pid: model for pid, model in sources["policy"].items() if pid != "director"} if args.play else None
         asyncio.run(sample_warm_start(points, contexts, roster, sources, k=args.k, out=args.out,
-                                      concurrency=args.concurrency, on_progress=show))
+                                      concurrency=args.concurrency, play=play, on_progress=show))
     for key, row in sorted(sample_counts(args.out).items()):
         faults = ", ".join(f"{name} {n}" for name, n in sorted(row.items(), key=lambda item: -item[1])
                            if name not in ("sampled", "passed")) or "none"

@@ -71,18 +71,21 @@ def add_commands(commands: argparse._SubParsersAction) -> None:
     speakers.set_defaults(run=_train_speakers, allocator=lambda args: "generate" if args.method == "grpo" else "train")
 
     director = commands.add_parser(
-        "train-director", help="fit the Director's LoRA adapter with GRPO on rolled-out blocks")
+        "train-director", help="fit the Director's LoRA adapter: GRPO on rolled-out blocks, or DPO on pairs")
     director.add_argument("--roster", required=True, metavar="ID_OR_PATH")
-    director.add_argument("--episodes", required=True, metavar="FILE",
-                          help="episodes whose Director decision points are the prompts")
-    director.add_argument("--group-rm", metavar="GROUP_RM_DIR", help="group reward model from train-rm")
-    director.add_argument("--speakers", required=True, metavar="POLICIES",
-                          help="policy file of the speakers (and the user simulator) that play the blocks")
+    director.add_argument("--method", choices=("grpo", "dpo"), default="grpo")
+    director.add_argument("--episodes", metavar="FILE",
+                          help="episodes whose Director decision points are the prompts (grpo)")
+    director.add_argument("--group-rm", metavar="GROUP_RM_DIR", help="group reward model from train-rm (grpo)")
+    director.add_argument("--speakers", metavar="POLICIES",
+                          help="policy file of the speakers (and the user simulator) that play the blocks (grpo)")
+    director.add_argument("--pairs", metavar="DIR_OR_FILE",
+                          help="Director preference pairs (dpo): mascot pairs --samples or --approvals")
     director.add_argument("--block-turns", type=int, metavar="N", help="turns played per sampled direction")
     director.add_argument("--engine", choices=("local", "vllm"), default="local",
                           help="what plays the blocks' speakers and user: in process (local), or vLLM servers "
                                "started for the command (or the pipeline's); the Director trains in process")
-    _add_common(director, "DirectorTrainingConfig", "GRPOConfig")
+    _add_common(director, "DirectorTrainingConfig (grpo) or SpeakerDPOConfig (dpo)", "GRPOConfig or DPOConfig")
     # freed pages given back after 10 s even when the server samples: a Director GRPO trainer
     # that kept them all grew to 18 GiB in 7 steps of the 0.5B model and was killed (2 cores, 24 GiB)
     director.set_defaults(run=_train_director, allocator="generate")
@@ -177,6 +180,10 @@ def _train_director(args: argparse.Namespace) -> int:
     from mascot.training.fitting.reward_model import RewardModel, RewardModelError
 
     roster = load_roster(args.roster)
+    if args.method == "dpo":
+        return _train_director_dpo(args, roster)
+    if not args.episodes or not args.speakers:
+        raise UsageError("--method grpo needs --episodes FILE and --speakers POLICIES")
     config, base = recipe_from_args(DirectorTrainingConfig, args)
     if args.block_turns is not None:
         if args.block_turns < 1:
@@ -309,13 +316,45 @@ def _train_sft(args: argparse.Namespace) -> int:
     return 0
 
 
+def _train_director_dpo(args: argparse.Namespace, roster: Roster) -> int:
+    """``train-director --method dpo``: the Director's adapter fitted on its preference pairs."""
+    from mascot.training.fitting.adapter_folder import AdapterFolderError, adapter_target, is_finished
+    from mascot.training.fitting.adapter_registry import register_adapter
+    from mascot.training.fitting.speaker_dpo import SpeakerDPOConfig, SpeakerDPOError, train_speaker_dpo
+
+    if not args.pairs:
+        raise UsageError("--method dpo needs --pairs DIR (mascot pairs --samples or --approvals)")
+    rows = [r for r in _pairs(args.pairs) if r.get("persona") == "director"]
+    if not rows:
+        raise UsageError(f"--pairs: no Director pairs (persona 'director') in {args.pairs}")
+    config, base = recipe_from_args(SpeakerDPOConfig, args)
+    policy_file = Path(args.policy_file or Path(args.out) / POLICY_FILE)
+    try:
+        target = adapter_target(args.out, "director")
+        if is_finished(target) and not args.retrain:
+            err.print(f"director: already trained in {target} (--retrain to train again)", markup=False)
+        else:
+            err.print(f"director: DPO on {len(rows)} pairs from {base}", markup=False)
+            report = train_speaker_dpo(rows, base=base, persona="director", out=args.out, config=config,
+                                       data=str(args.pairs))
+            out.print(f"train-director: director -> {report.out} (dpo, {report.steps} steps, loss "
+                      f"{report.train_loss:.3f}, {report.seconds:.0f} s)", markup=False)
+    except (AdapterFolderError, SpeakerDPOError, ValueError) as exc:
+        raise UsageError(f"director: {exc}") from None
+    if _main_process():
+        register_adapter(policy_file, "director", base=base, adapter=target, roster=roster)
+    out.print(f"train-director: policy file {policy_file}", markup=False)
+    return 0
+
+
 def _sample_jobs(path: str, keep: int, roster: Roster) -> list[tuple[str, Any, list[str], str]]:
     """The warm-start jobs of a samples file (``_train_sft`` checked it exists): the speakers'
     and the Director's rows that passed."""
-    from mascot.training.data.warm_start_samples import kept_rows, sample_counts
+    from mascot.training.data.selection import select_rows
+    from mascot.training.data.warm_start_samples import sample_counts
     from mascot.training.fitting.warm_start import WarmStartRows
 
-    rows = kept_rows(path, keep=keep, sources=["policy", "teacher"])
+    rows = select_rows(path, roster, keep=keep)  # the best of each context by the measured outcomes
     counts = sample_counts(path)
     jobs = []
     for name, role, roles in ((SHARED_ADAPTER, "speakers", list(roster.persona_ids)),

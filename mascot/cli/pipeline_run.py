@@ -25,6 +25,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from mascot.cli.child import mascot_command
+from mascot.cli.selection_stages import SelectionStage, selection_stages
 from mascot.rosters.yaml_file import YamlFileError, read_yaml
 
 
@@ -124,6 +125,9 @@ class PipelineRecipe(_Section):
     # training go on from its adapters and eval runs it as "sft"
     samples: SamplesStage | None = None
     sft: TrainStage | None = None
+    # learning by selection (cli.selection_stages): when given, it replaces the judged pairs,
+    # reward models and GRPO; eval plays its DPO adapters (or last iteration) as "trained"
+    selection: SelectionStage | None = None
     speakers: SpeakerStage = Field(default_factory=SpeakerStage)
     director: DirectorStage = Field(default_factory=DirectorStage)
     eval: EvalStage = Field(default_factory=EvalStage)
@@ -186,6 +190,8 @@ def stages(recipe: PipelineRecipe, base: Path) -> list[tuple[str, list[str]]]:
                                  *_file_flag("--profiles", r.profiles, base), "--out", episodes]))
     else:
         plan.append(("import-logs", ["import-logs", "--from", recipe.import_logs.source, *roster, "--out", episodes]))
+    if recipe.selection is not None:
+        return plan + _selection_plan(recipe, base, episodes, policies, judge)
     plan += [
         ("blocks", ["blocks", "--in", episodes, *local, *engine, "--g", str(recipe.group_blocks.g), "--block-turns",
                     str(recipe.judge.block_turns), *_budget_flag(recipe.group_blocks.max_tokens),
@@ -258,6 +264,36 @@ def stages(recipe: PipelineRecipe, base: Path) -> list[tuple[str, list[str]]]:
                           *_budget_flag(e.max_tokens), "--rubrics", ",".join(e.rubrics), "--concurrency", str(e.concurrency),
                           *(["--metrics-only", ",".join(e.metrics_only)] if e.metrics_only else []),
                           "--seed", str(recipe.seed), *_judge_flags(recipe.judge, base, "judge-"), *engine,
+                          "--out", str(out / "eval")]))
+    return plan
+
+
+def _selection_plan(recipe: PipelineRecipe, base: Path, episodes: str, policies: Path,
+                    judge: list[str]) -> list[tuple[str, list[str]]]:
+    """Learning by selection, then the evaluation of what it trained."""
+    out = _path(recipe.out, base)
+    selection = recipe.selection
+    teacher = None
+    if selection.teacher:
+        local = _path(selection.teacher, base)
+        teacher = str(local) if local.exists() else selection.teacher
+    plan, trained = selection_stages(
+        selection, roster=["--roster", recipe.roster], model=_model(recipe, base), teacher=teacher,
+        episodes=episodes, base_policies=policies, out=out,
+        engine=["--engine", recipe.engine] if recipe.engine != "local" else [],
+        budget=_budget_flag(recipe.rollout.max_tokens if recipe.rollout else None), seed=recipe.seed,
+        config=lambda file: ["--config", str(_path(file, base))] if file else [])
+    last = out / "select" / str(selection.iterations - 1) / "policies.yaml"
+    e = recipe.eval
+    plan.append(("eval", ["eval", "--roster", recipe.roster, "--policies", str(trained),
+                          "--baselines", ",".join(e.baselines), *(["--ablations"] if e.ablations else []),
+                          *(["--sft", str(last)] if trained != last else []),
+                          *_file_flag("--scenarios", e.scenarios, base),
+                          "--episodes", str(e.episodes), "--max-rounds", str(e.max_rounds),
+                          *_budget_flag(e.max_tokens), "--rubrics", ",".join(e.rubrics), "--concurrency",
+                          str(e.concurrency), *(["--metrics-only", ",".join(e.metrics_only)] if e.metrics_only else []),
+                          "--seed", str(recipe.seed), *_judge_flags(recipe.judge, base, "judge-"),
+                          *(judge[judge.index("--engine"):judge.index("--engine") + 2] if "--engine" in judge else []),
                           "--out", str(out / "eval")]))
     return plan
 
@@ -410,8 +446,8 @@ def _stage_bases(argv: list[str], recipe: PipelineRecipe, base: Path) -> list[st
     policies' and the judge's for ``eval``, the policies' for the others."""
     if argv[0] == "judge":
         return _judge_bases(recipe, base)
-    if argv[0] == "samples" and recipe.samples and recipe.samples.teacher:
-        return list(dict.fromkeys([_model(recipe, base), _teacher(recipe, base)]))
+    if argv[0] == "samples" and "--teacher-model" in argv:
+        return list(dict.fromkeys([_model(recipe, base), argv[argv.index("--teacher-model") + 1]]))
     return _engine_bases(recipe, base) if argv[0] == "eval" else [_model(recipe, base)]
 
 
@@ -419,7 +455,7 @@ def _lora_rank(recipe: PipelineRecipe, base: Path) -> int:
     """The largest LoRA rank the training stages use (``lora_r`` of their recipes or flags),
     so the pipeline's vLLM servers take the adapters they train."""
     ranks = [16]
-    for stage in (recipe.speakers, recipe.director, *([recipe.sft] if recipe.sft else [])):
+    for stage in _adapted_stages(recipe):
         flags = stage.flags
         if "--lora_r" in flags[:-1] and flags[flags.index("--lora_r") + 1].isdigit():
             ranks.append(int(flags[flags.index("--lora_r") + 1]))
@@ -435,13 +471,21 @@ def _lora_modules(recipe: PipelineRecipe, base: Path) -> list[str] | None:
     vLLM servers put LoRA on those alone; ``None`` (every linear layer) when a stage does not
     list them or sets them by flag."""
     names: set[str] = set()
-    for stage in (recipe.speakers, recipe.director, *([recipe.sft] if recipe.sft else [])):
+    for stage in _adapted_stages(recipe):
         value = None if "--lora_target_modules" in stage.flags else _recipe_value(stage.config, base,
                                                                                   "lora_target_modules")
         if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
             return None
         names.update(value)
     return sorted(names) or None
+
+
+def _adapted_stages(recipe: PipelineRecipe) -> list[TrainStage]:
+    """The stages whose adapters the run's servers load: selection's SFT and DPO, else sft,
+    speakers and Director."""
+    if recipe.selection is not None:
+        return [TrainStage(config=c) for c in (recipe.selection.sft, recipe.selection.dpo) if c]
+    return [recipe.speakers, recipe.director, *([recipe.sft] if recipe.sft else [])]
 
 
 def _recipe_value(config: str | None, base: Path, key: str) -> Any:

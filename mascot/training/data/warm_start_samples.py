@@ -17,8 +17,9 @@ by its text instead, and only the ones that pass become SFT rows (``mascot train
   ``faults.REPLY_FAULTS`` (a refusal anywhere, help-desk talk, as the person, a copy of the
   person, of an earlier voice, of a persona's text or of its own direction).
 
-Each kept sample is a TRL prompt-completion row; at most ``keep`` distinct ones per context
-are kept, the sources in the order given. ``samples.jsonl`` holds every sample with its
+Which of the passing samples are kept, and how they pair, is ``selection``'s work: ranked by
+measured outcomes (with ``play``, a direction by the reply its voice then gave).
+``samples.jsonl`` holds every sample with its
 fault (``null`` for a kept one), so the counts can be read back and a run resumes where it
 stopped (by source, context and sample index).
 """
@@ -26,7 +27,6 @@ stopped (by source, context and sample index).
 from __future__ import annotations
 
 import asyncio
-import hashlib
 import json
 import logging
 import time
@@ -36,9 +36,11 @@ from pathlib import Path
 from typing import Any
 
 from langchain_core.language_models import BaseChatModel
+from langchain_core.messages import HumanMessage
 
 from mascot.graphs.direction import StageDirection, interpret_direction
 from mascot.graphs.director import Decider
+from mascot.graphs.prompts import speaker_messages
 from mascot.graphs.reply import word_count
 from mascot.graphs.faults import DIRECTION_FAULTS as TEXT_DIRECTION_FAULTS
 from mascot.graphs.faults import REPLY_FAULTS as TEXT_REPLY_FAULTS
@@ -92,9 +94,7 @@ def reply_sample_fault(text: str, context: CandidateContext, roster: Roster) -> 
     if not text.strip():
         return "empty"
     person = next((m["content"] for m in reversed(context.context) if m.get("role") == "user"), "")
-    last_person = max((i for i, m in enumerate(context.context) if m.get("role") == "user"), default=-1)
-    voices = [m["content"] for m in context.context[last_person + 1:] if m.get("name") in roster.persona_ids]
-    found = reply_faults(text, person=person, voices=voices, personas=persona_texts(roster),
+    found = reply_faults(text, person=person, voices=_round_voices(context, roster), personas=persona_texts(roster),
                          instructions=[context.direction.action, context.direction.tone])
     return found[0] if found else None
 
@@ -130,6 +130,7 @@ async def sample_warm_start(
     out: str | Path,
     concurrency: int = 8,
     structured_output: bool = True,
+    play: Mapping[str, BaseChatModel] | None = None,
     on_progress: Callable[[SampleReport], None] | None = None,
 ) -> SampleReport:
     """Sample ``k`` directions per decision point and ``k`` replies per persona turn from
@@ -146,6 +147,9 @@ async def sample_warm_start(
         concurrency: Model calls at once.
         structured_output: Ask the Director's models for structured output, as the graph
             does (a model without it is prompted for JSON).
+        play: Persona id -> the speaker that plays each passing direction as a one-turn
+            block: its reply, the voices before it and the reply's faults are recorded
+            (``block_reply``, ``block_voices``, ``block_faults``) for ``selection`` to rank by.
         on_progress: Called with the report after each sample.
 
     Returns:
@@ -183,17 +187,22 @@ async def sample_warm_start(
                                                               config=config)).strip()
                 else:
                     reply = await sources[source][item.persona].ainvoke(item.prompt, config)
+            extra: dict[str, Any] = {}
             if director:
                 fault = direction_fault(text, item, roster)
                 completion = _direction_json(text, item, roster) if fault is None else text
+                if fault is None and play:
+                    async with limit:
+                        extra = await _play(_interpret(text, item, roster), item, roster, play, config)
             else:
                 completion = text = clean_sample(reply.text, roster, item.persona)
                 fault = reply_sample_fault(text, item, roster)
+                extra = {"voices": _round_voices(item, roster)}
             role = "director" if director else "speakers"
             appender.write({"source": source, "context_id": item.context_id, "sample": sample, "role": role,
                             "persona": "director" if director else item.persona,
                             "prompt": list(item.prompt) if director else chat_messages(item.prompt),
-                            "completion": completion, "fault": fault})
+                            "completion": completion, "fault": fault, **extra})
             report.count(source, role, fault)
             report.elapsed_s = time.perf_counter() - report.started
             if on_progress is not None:
@@ -203,6 +212,31 @@ async def sample_warm_start(
             await asyncio.gather(*(one(*job) for job in jobs))
     report.elapsed_s = time.perf_counter() - report.started
     return report
+
+
+def _round_voices(context: CandidateContext, roster: Roster) -> list[str]:
+    """The voices heard in a persona turn's round before it."""
+    last_person = max((i for i, m in enumerate(context.context) if m.get("role") == "user"), default=-1)
+    return [m["content"] for m in context.context[last_person + 1:] if m.get("name") in roster.persona_ids]
+
+
+async def _play(direction: StageDirection, point: DecisionPoint, roster: Roster, play: Mapping[str, BaseChatModel],
+                config: dict[str, Any]) -> dict[str, Any]:
+    """A passing direction played as a one-turn block: its voice's reply (cleaned as the
+    speaker node cleans it), the voices of the round before it, and the reply's faults."""
+    if direction.speaker == USER or direction.speaker not in play:
+        return {}
+    persona = roster.persona(direction.speaker)
+    messages = list(point.messages)
+    last = max((i for i, m in enumerate(messages) if isinstance(m, HumanMessage)), default=-1)
+    person = messages[last].text if last >= 0 else ""
+    voices = [m.text for m in messages[last + 1:] if getattr(m, "name", None) in roster.persona_ids]
+    reply = await play[direction.speaker].ainvoke(speaker_messages(roster, persona, direction, messages), config)
+    text = clean_sample(reply.text, roster, direction.speaker)
+    faults = reply_faults(text, person=person, voices=voices, personas=persona_texts(roster),
+                          instructions=[direction.action, direction.tone]) if text else ("empty",)
+    return {"block_speaker": direction.speaker, "block_reply": text, "block_voices": voices,
+            "block_faults": list(faults)}
 
 
 def _interpret(text: str, point: DecisionPoint, roster: Roster, *, min_speakers_per_round: int = 1) -> StageDirection:
@@ -234,44 +268,3 @@ def sample_counts(path: str | Path) -> dict[str, dict[str, int]]:
     for _, row in read_jsonl(path):
         report.count(str(row.get("source")), str(row.get("role")), row.get("fault"))
     return report.counts
-
-
-def kept_rows(path: str | Path, *, keep: int = 2, sources: Sequence[str] = ()) -> dict[str, list[dict[str, Any]]]:
-    """The SFT rows of a samples file: per context at most ``keep`` distinct passing samples;
-    ``{"director": [...], "speakers": [...]}`` of TRL prompt-completion rows (with
-    ``persona`` and ``context_id``).
-
-    Args:
-        path: The samples file.
-        keep: Rows per context at most.
-        sources: The sources in the order they are preferred (the others after them, by
-            name); within a source, by sample index.
-
-    Raises:
-        ValueError: on ``keep`` below 1.
-    """
-    if keep < 1:
-        raise ValueError(f"keep={keep}: must be at least 1")
-    chosen: dict[str, list[dict[str, Any]]] = {}
-    seen: set[str] = set()
-    rank = {name: i for i, name in enumerate(sources)}
-
-    def order(item: tuple[int, dict[str, Any]]) -> tuple[int, str, int]:
-        source = str(item[1].get("source"))
-        return rank.get(source, len(rank)), source, int(item[1].get("sample") or 0)
-
-    for _, row in sorted(read_jsonl(path), key=order):
-        if row.get("fault") is not None or not row.get("completion"):
-            continue
-        digest = hashlib.sha256(f"{row['context_id']}|{' '.join(row['completion'].lower().split())}".encode()).hexdigest()
-        held = chosen.setdefault(row["context_id"], [])
-        if digest in seen or len(held) >= keep:
-            continue
-        seen.add(digest)
-        held.append({"prompt": row["prompt"], "completion": [{"role": "assistant", "content": row["completion"]}],
-                     "persona": row["persona"], "context_id": row["context_id"], "role": row["role"]})
-    rows: dict[str, list[dict[str, Any]]] = {"director": [], "speakers": []}
-    for held in chosen.values():
-        for row in held:
-            rows[row.pop("role")].append(row)
-    return rows
