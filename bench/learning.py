@@ -1,28 +1,32 @@
-"""Does training help? The trained Director and speakers vs the untrained ones, on held-out scenarios.
+"""Does training help? The ensemble trained by selection vs its untrained self, on held-out scenarios.
 
-Runs the whole method on the offline Qwen2.5-Coder-0.5B-Instruct (``mascot offline-model``)
+Runs learning by selection on the offline Qwen2.5-Coder-0.5B-Instruct (``mascot offline-model``)
 on this machine's CPU, as one ``mascot pipeline`` run of the recipe beside this script
-(``bench/learning/recipe.yaml``, with ``rm.yaml``, ``speakers.yaml``, ``director.yaml``):
+(``bench/learning/recipe.yaml``, with ``sft.yaml`` and ``dpo.yaml``):
 
-1. the roster's scenarios are split into train and held-out by id (``bench/learning/split.json``,
-   fixed once); rollouts, sibling blocks, candidates, judging, pairs, reward models and GRPO
-   see the train scenarios only;
-2. the offline 1.5B model judges when it is built (``mascot offline-model --model
-   qwen2.5-coder-1.5b-instruct``; else the 0.5B judges itself), and its score on the fixed
-   sanity sets decides, per rubric, whether it labels or the metric judge labels alone;
-3. ``eval`` plays the held-out scenarios with ``trained`` (both adapters), ``untrained``
-   (the base model as Director and speakers, same prompts and constraints) and
-   ``round_robin``, paired by episode id, and judges them with both rubrics.
+1. the roster's scenarios are split by id (``bench/learning/split.json``, fixed once): train,
+   held-out dev (for choosing sizes and settings) and held-out test (written later, read
+   once); rollouts, samples, pairs and training see the train scenarios only;
+2. each iteration samples directions and replies from the policy and from the offline 1.5B
+   teacher (``mascot offline-model --model qwen2.5-coder-1.5b-instruct``) on vLLM, drops what
+   the fault verifiers reject (``mascot.graphs.faults``, checked by ``bench/faults.py``), plays
+   passing directions as one-turn blocks, keeps the best of each group by measured outcomes
+   and fine-tunes both adapters from the base; DPO on best-vs-worst pairs of the last pools
+   follows (``mascot.cli.selection_stages``);
+3. ``eval`` plays the test scenarios with ``trained`` (the DPO adapters), ``sft`` (the last
+   iteration), ``untrained`` and ``round_robin``, paired by episode id; the second round of
+   each starts from the scenario's written follow-up.
 
-Then it writes ``docs/learning/report.md`` (tables with paired bootstrap 95 % intervals of
-trained - untrained, the targets met or missed, plots), ``docs/learning/results.json`` and
-the raw held-out episodes ``docs/learning/episodes/{untrained,trained,round_robin}.jsonl``.
+Then it writes ``docs/learning/report.md`` (the issue's targets with paired bootstrap 95 %
+intervals by scenario, guard figures, fault rates per system and kept yield per iteration as
+plots), ``docs/learning/results.json`` and the raw held-out episodes
+``docs/learning/episodes/*.jsonl``.
 
     python bench/learning.py [--quick] [--model DIR] [--work DIR] [--docs DIR]
 
-``--quick`` runs every stage at the smallest size (a smoke test of a few minutes, written
-to ``WORK/../learning-quick-docs`` unless ``--docs`` is given). A rerun resumes: stages
-whose command did not change are skipped.
+``--quick`` runs every stage at the smallest size (a smoke test, written to
+``WORK/docs`` unless ``--docs`` is given). A rerun resumes: stages whose command did not
+change are skipped.
 """
 
 from __future__ import annotations
@@ -58,16 +62,16 @@ SYSTEMS = {"untrained": "untrained_director", "sft": "sft", "trained": "trained"
 METRICS = {"redundancy": True, "distinct_2": False, "mean_reply_tokens": False, "speaker_balance": False,
            "persona_identifiability": False, "fallback_rate": True, "consecutive_same_persona": True}
 #: Guard metrics compared (``mascot.training.evaluation.guards``, as shares 0-1; routing in %), lower is better?
-GUARDS = {"voices_per_round": False, "multi_voice_rounds": False, "reply_words": False, "refusal_rate": True,
-          "echo_rate": True, "as_person_rate": True, "skipped_turns": True, "copied_actions": True,
-          "action_refusals": True, "short_tones": False, "first_offered": True, "offered_voices": False,
-          "routing_accuracy": False, "routing_misfits": True}
+GUARDS = {"voices_per_round": False, "multi_voice_rounds": False, "multi_voice_rounds_all": False,
+          "reply_words": False, "refusal_rate": True, "helpdesk_rate": True, "style_copies": True,
+          "prompt_echoes": True, "echo_rate": True, "as_person_rate": True, "skipped_turns": True,
+          "copied_actions": True, "action_refusals": True, "action_first_person": True, "short_tones": False,
+          "first_offered": True, "offered_voices": False, "routing_accuracy": False, "routing_misfits": True}
 #: The README's first message, played through each ensemble after the run (``mascot chat``).
 README_MESSAGE = "I failed my driving test again and I feel like an idiot"
 README_SEEDS = (0, 1, 2)
 #: --quick: every stage, smallest sizes.
-QUICK = {"rollout": {"episodes": 2}, "group-blocks": {"g": 3, "max_points": 4}, "candidates": 2,
-         "samples": {"k": 1, "max_points": 3, "max_contexts": 3},
+QUICK = {"rollout": {"episodes": 2}, "selection": {"iterations": 1, "k": 1, "max_points": 3, "max_contexts": 3},
          "eval": {"episodes": 2}, "steps": 1}
 #: Bootstrap resamples whole held-out scenarios (several people play each).
 CLUSTER = "scenario"
@@ -96,8 +100,8 @@ def main() -> int:
     print(f"learning: {machine()}", file=sys.stderr, flush=True)
     print(f"learning: policy model {model}; judge and warm-start teacher {judge}", file=sys.stderr, flush=True)
     recipe = write_run(work, model, quick=args.quick, judge=judge)
-    print(f"learning: estimate {estimate(recipe):.0f} min on a 2-core CPU with native bf16 (about twice that "
-          f"without); a rerun resumes where this one stopped", file=sys.stderr, flush=True)
+    print(f"learning: estimate {estimate(recipe):.0f} min on this machine; a rerun resumes where this one stopped",
+          file=sys.stderr, flush=True)
     timings = StageClock(work / "stage-seconds.json")  # kept across resumed invocations
     clock = {"stage": "", "t": time.monotonic()}
 
@@ -156,18 +160,20 @@ def write_run(work: Path, model: Path, *, quick: bool, judge: Path | None = None
     recipe = yaml.safe_load((HERE / "recipe.yaml").read_text(encoding="utf-8"))
     split = json.loads((HERE / "split.json").read_text(encoding="utf-8"))["rosters"][recipe["roster"]]
     scenarios = {s.id: s for s in load_scenarios(recipe["roster"])}
-    for name, ids in (("train-scenarios.jsonl", split["train"]), ("heldout-scenarios.jsonl", split["heldout"])):
+    files = {"train-scenarios.jsonl": split["train"], "heldout-scenarios.jsonl": split["heldout"],
+             "test-scenarios.jsonl": split["test"]}
+    for name, ids in files.items():
         missing = [i for i in ids if i not in scenarios]
         if missing:
             raise SystemExit(f"split.json names scenarios the roster lacks: {', '.join(missing)}")
         (work / name).write_text("".join(json.dumps(scenarios[i].model_dump()) + "\n" for i in ids), encoding="utf-8")
-    if set(split["train"]) & set(split["heldout"]):
-        raise SystemExit("split.json: a scenario is both train and held out")
+    if set(split["train"]) & (set(split["heldout"]) | set(split["test"])) or set(split["heldout"]) & set(split["test"]):
+        raise SystemExit("split.json: a scenario is in two splits")
     recipe["model"] = str(model)
     recipe["judge"]["model"] = str(judge or model)
-    if recipe.get("samples") is not None:  # the stronger model samples the warm start too, when built
-        recipe["samples"]["teacher"] = str(judge) if judge and judge != model else None
-    for name in ("rm.yaml", "sft.yaml", "speakers.yaml", "director.yaml"):
+    # the stronger model samples beside the policy, when built
+    recipe["selection"]["teacher"] = str(judge) if judge and judge != model else None
+    for name in ("sft.yaml", "dpo.yaml"):
         config = yaml.safe_load((HERE / name).read_text(encoding="utf-8"))
         # bf16 only where the CPU computes it natively: emulated, it is slower than fp32
         config["bf16"] = bool(config.get("bf16")) and native_bf16()
@@ -178,10 +184,7 @@ def write_run(work: Path, model: Path, *, quick: bool, judge: Path | None = None
         (work / name).write_text(yaml.safe_dump(config, sort_keys=False), encoding="utf-8")
     if quick:
         recipe["rollout"].update(QUICK["rollout"])
-        if recipe.get("samples") is not None:
-            recipe["samples"].update(QUICK["samples"])
-        recipe["group-blocks"].update(QUICK["group-blocks"])
-        recipe["candidates"] = QUICK["candidates"]
+        recipe["selection"].update(QUICK["selection"])
         recipe["eval"].update(QUICK["eval"])
     path = work / "recipe.yaml"
     path.write_text(yaml.safe_dump(recipe, sort_keys=False), encoding="utf-8")
@@ -201,34 +204,25 @@ def machine() -> str:
             f"{memory:.0f} GiB")
 
 
-#: Seconds per unit of each stage on a 2-core CPU with native bf16, measured in the committed
-#: run (docs/learning/report.md lists its stage times), for the estimate printed before a run.
-_COST = {"engine": 40, "rollout": 22.0, "blocks": 11.0, "candidates": 1.4, "samples": 1.6, "judge": 2.7,
-         "sanity": 180, "rm": 135, "sft_row": 5.3, "speaker_step": 75, "director_step": 95, "eval_episode": 20.0}
+#: Seconds per unit of each stage on a 2-core CPU with native bf16 (about three times that on
+#: one with AVX2 alone), for the estimate printed before a run.
+_COST = {"engine": 60, "rollout": 20.0, "sample": 1.0, "teacher_sample": 2.5, "sft_row": 3.0,
+         "dpo_pair": 5.0, "eval_episode": 20.0}
 
 
 def estimate(recipe_file: Path) -> float:
     """Minutes the run should take here, from its sizes and ``_COST``."""
     recipe = yaml.safe_load(recipe_file.read_text(encoding="utf-8"))
-    work = recipe_file.parent
-    config = {n: yaml.safe_load((work / f"{n}.yaml").read_text(encoding="utf-8")) for n in ("speakers", "director")}
-    samples = recipe.get("samples") or {}
-    sampled = (samples.get("max_points", 0) + samples.get("max_contexts", 0)) * samples.get("k", 0) * (
-        2 if samples.get("teacher") else 1)
-    candidates = recipe["candidates"]
-    contexts = candidates.get("max_contexts", 2 * recipe["rollout"]["episodes"]) if isinstance(candidates, dict) \
-        else 2 * recipe["rollout"]["episodes"]
-    blocks = recipe["group-blocks"]["g"] * recipe["group-blocks"].get("max_points", 12)
-    systems = 2 + len(recipe["eval"].get("baselines", [])) + (2 if recipe["eval"].get("ablations") else 0)
-    seconds = (_COST["engine"] * 5 + _COST["rollout"] * recipe["rollout"]["episodes"] + _COST["blocks"] * blocks
-               + _COST["candidates"] * contexts * 2 + _COST["samples"] * sampled
-               + _COST["judge"] * (blocks + contexts * 2)
-               + _COST["sanity"] * 2 * len(recipe["judge"].get("modes", ["absolute"])) + _COST["rm"] * 2
-               + _COST["sft_row"] * (samples.get("max_points", 0) + samples.get("max_contexts", 0))
-               + _COST["speaker_step"] * config["speakers"].get("max_steps", 0)
-               + _COST["director_step"] * config["director"].get("max_steps", 0)
+    selection = recipe["selection"]
+    contexts = selection.get("max_points", 24) + selection.get("max_contexts", 24)
+    per_iteration = contexts * selection["k"] * (_COST["sample"] + (_COST["teacher_sample"] if selection.get(
+        "teacher") else 0)) + 2 * contexts * selection.get("keep", 1) * _COST["sft_row"]
+    systems = 2 + len(recipe["eval"].get("baselines", []))
+    seconds = (_COST["engine"] * (3 + selection["iterations"]) + _COST["rollout"] * recipe["rollout"]["episodes"]
+               + per_iteration * selection["iterations"] + _COST["dpo_pair"] * contexts
                + _COST["eval_episode"] * recipe["eval"]["episodes"] * systems)
-    return seconds / 60
+    factor = 1.0 if native_bf16() else 3.0
+    return factor * seconds / 60
 
 
 class StageClock(dict):
@@ -323,8 +317,9 @@ def analyse(work: Path, model: Path, *, timings: dict[str, float], quick: bool,
             continue  # a system this recipe does not run
         episodes[name] = read_episodes(work / "eval" / "episodes" / f"{eval_name}.jsonl")
         held = {e.scenario.id for e in episodes[name] if e.scenario}
-        if held - set(split["heldout"]):
-            raise SystemExit(f"{name}: episodes of scenarios that are not held out: {sorted(held - set(split['heldout']))}")
+        if held - set(split["heldout"]) - set(split["test"]):
+            raise SystemExit(f"{name}: episodes of scenarios that are not held out: "
+                             f"{sorted(held - set(split['heldout']) - set(split['test']))}")
         judged = work / "eval" / "judgements" / f"{eval_name}.jsonl"  # none for a metrics-only system
         judgements = [r for _, r in read_jsonl(judged)] if judged.is_file() else []
         scores = system_scores(name, "trained" if name == "trained" else "baseline", episodes[name], judgements,
@@ -373,7 +368,7 @@ def analyse(work: Path, model: Path, *, timings: dict[str, float], quick: bool,
     setup = json.loads((work / "eval" / "results.json").read_text(encoding="utf-8")).get("setup", {})
     return {
         "quick": quick, "model": str(model), "roster": roster.id, "judge": f"{model} (the same model judges itself)" if judge in (None, model) else str(judge),
-        "train_scenarios": split["train"], "heldout_scenarios": split["heldout"],
+        "train_scenarios": split["train"], "heldout_scenarios": split["test"], "dev_scenarios": split["heldout"],
         "episodes_per_system": {name: len(e) for name, e in episodes.items()},
         "systems": list(episodes), "bootstrap": f"paired by episode, resampled by whole {CLUSTER}",
         "reply_budgets": setup.get("reply_budgets"), "max_rounds": setup.get("max_rounds"),
@@ -381,7 +376,7 @@ def analyse(work: Path, model: Path, *, timings: dict[str, float], quick: bool,
         "profiles_per_scenario": _profiles_per_scenario(episodes.get("trained", [])),
         "comparisons": comparisons, "targets": targets(comparisons),
         "redundancy_by_position": by_position, "speakers": speakers,
-        "sanity": _sanity(work), "samples": _samples(work), "reward_models": _reward_models(work),
+        "sanity": _sanity(work), "samples": _samples(work, roster), "reward_models": _reward_models(work),
         "training": _training(work),
         "stage_seconds": timings,
         "per_episode": per_episode,
@@ -474,13 +469,15 @@ def _sanity(work: Path) -> dict[str, Any]:
     return found
 
 
-def _samples(work: Path) -> dict[str, Any]:
-    """The warm start's samples: per source and role, how many were drawn, how many passed
-    the checks and what the others failed on (``samples.jsonl``)."""
-    from mascot.training.data.warm_start_samples import sample_counts
+def _samples(work: Path, roster: Any) -> dict[str, Any]:
+    """Per selection iteration, source and role: how many were sampled, passed the checks and
+    were kept (the best of their group), and what the others failed on."""
+    from mascot.training.data.selection import selection_counts
 
-    path = work / "samples.jsonl"
-    return sample_counts(path) if path.is_file() else {}
+    found = {}
+    for path in sorted((work / "select").glob("*/samples.jsonl"), key=lambda p: int(p.parent.name)):
+        found[path.parent.name] = selection_counts(path, roster, keep=1)
+    return found
 
 
 def _reward_models(work: Path) -> dict[str, Any]:
