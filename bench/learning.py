@@ -63,7 +63,8 @@ METRICS = {"redundancy": True, "distinct_2": False, "mean_reply_tokens": False, 
            "persona_identifiability": False, "fallback_rate": True, "consecutive_same_persona": True}
 #: Guard metrics compared (``mascot.training.evaluation.guards``, as shares 0-1; routing in %), lower is better?
 GUARDS = {"voices_per_round": False, "multi_voice_rounds": False, "multi_voice_rounds_all": False,
-          "reply_words": False, "refusal_rate": True, "helpdesk_rate": True, "style_copies": True,
+          "reply_words": False, "refusal_rate": True, "reply_refusals": True, "helpdesk_rate": True,
+          "voice_copies": True, "style_copies": True,
           "prompt_echoes": True, "echo_rate": True, "as_person_rate": True, "skipped_turns": True,
           "copied_actions": True, "action_refusals": True, "action_first_person": True, "short_tones": False,
           "first_offered": True, "offered_voices": False, "routing_accuracy": False, "routing_misfits": True}
@@ -271,20 +272,24 @@ def readme_rounds(work: Path, model: Path) -> tuple[dict[str, list[dict[str, Any
 
 
 def readme_targets(runs: dict[str, list[dict[str, Any]]]) -> dict[str, dict[str, Any]]:
-    """The README message's target: every trained round has two or more voices, no refusal
-    and no copy of the roster's style example."""
-    from mascot.graphs.reply import copies
-    from mascot.graphs.faults import reply_fault
+    """The README message's target: every trained round has two or more voices and no reply
+    or direction with a fault (``mascot.graphs.faults``)."""
+    from mascot.graphs.faults import direction_faults, persona_texts, reply_faults, voice_names
 
-    style = load_roster("emotional_support")
-    examples = [p.style for p in style.personas]
+    roster = load_roster("emotional_support")
     rounds = runs.get("trained", [])
     voices = [len({t["speaker"] for t in r["turns"]}) for r in rounds]
-    refusals = sum(reply_fault(t["text"]) in ("refusal", "helpdesk") for r in rounds for t in r["turns"])
-    copied = sum(copies(t["text"], examples) for r in rounds for t in r["turns"])
-    return {"readme_message_two_voices_no_refusal_no_copy": {
-        "rounds": len(rounds), "voices": voices, "refusals": refusals, "copied_style": copied,
-        "met": bool(rounds) and min(voices) >= 2 and refusals == 0 and copied == 0}}
+    faults = []
+    for played in rounds:
+        for i, turn in enumerate(played["turns"]):
+            earlier = [t["text"] for t in played["turns"][:i]]
+            faults += reply_faults(turn["text"], person=README_MESSAGE, voices=earlier, personas=persona_texts(roster),
+                                   instructions=[turn["action"] or "", turn["tone"] or ""])
+            faults += direction_faults(turn["action"] or "", turn["tone"] or "", names=voice_names(roster),
+                                       shown=[README_MESSAGE, *earlier])
+    return {"readme_message_two_voices_no_fault": {
+        "rounds": len(rounds), "voices": voices, "faults": sorted(set(faults)), "fault_count": len(faults),
+        "met": bool(rounds) and min(voices) >= 2 and not faults}}
 
 
 def native_bf16() -> bool:
@@ -411,34 +416,33 @@ def targets(c: dict[str, Any]) -> dict[str, dict[str, Any]]:
     t, u = (lambda m: get(m, "trained")), (lambda m: get(m, "untrained"))
     ci = (lambda m: get(m, "diff_ci95") or [None, None])
     out = {}
-    for metric, name in (("refusal_rate", "reply_refusals"), ("action_refusals", "action_refusals")):
-        out[f"{name}_at_most_2pct_not_above_untrained"] = row(
-            (metric,), lambda m=metric: t(m) <= 2 and t(m) <= u(m), trained=t(metric), untrained=u(metric))
-    out["copied_actions_at_most_10pct"] = row(("copied_actions",), lambda: t("copied_actions") <= 10,
-                                              trained=t("copied_actions"), untrained=u("copied_actions"))
+    for metric, name, bound in (("reply_refusals", "reply_refusals", 2), ("helpdesk_rate", "reply_helpdesk", 3),
+                                ("style_copies", "reply_style_copies", 5), ("voice_copies", "reply_voice_copies", 5),
+                                ("action_refusals", "action_refusals", 2),
+                                ("action_first_person", "action_first_person_or_naming", 10),
+                                ("copied_actions", "action_copies", 10)):
+        out[f"{name}_at_most_{bound}pct"] = row((metric,), lambda m=metric, b=bound: t(m) <= b,
+                                                trained=t(metric), untrained=u(metric))
     out["short_tones_at_least_95pct"] = row(("short_tones",), lambda: t("short_tones") >= 95,
                                             trained=t("short_tones"), untrained=u("short_tones"))
-    out["multi_voice_rounds_at_least_60pct_not_fewer"] = row(
-        ("multi_voice_rounds",), lambda: t("multi_voice_rounds") >= 60 and t("multi_voice_rounds") >= u("multi_voice_rounds"),
-        trained=t("multi_voice_rounds"), untrained=u("multi_voice_rounds"))
+    out["multi_voice_rounds_all_at_least_70pct"] = row(
+        ("multi_voice_rounds_all",), lambda: t("multi_voice_rounds_all") >= 70,
+        trained=t("multi_voice_rounds_all"), untrained=u("multi_voice_rounds_all"))
     relative = ((t("redundancy") - u("redundancy")) / u("redundancy")) if t("redundancy") is not None and u(
         "redundancy") else None
     out["redundancy_15pct_lower_ci_below_0"] = row(
         ("redundancy",), lambda: relative is not None and relative <= -0.15 and ci("redundancy")[1] < 0,
         relative=relative, ci95=ci("redundancy"))
-    out["identifiability_higher"] = row(("persona_identifiability",), lambda: get("persona_identifiability", "diff") > 0,
-                                        diff=get("persona_identifiability", "diff"),
-                                        ci95=ci("persona_identifiability"))
     k = t("offered_voices")
     out["first_offered_at_most_100_over_k_plus_10"] = row(
         ("first_offered", "offered_voices"), lambda: t("first_offered") <= 100 / k + 10,
         trained=t("first_offered"), untrained=u("first_offered"), bound=(100 / k + 10) if k else None,
         voices_offered=k)
-    out["routing_above_untrained_no_more_misfits"] = row(
-        ("routing_accuracy", "routing_misfits"),
-        lambda: t("routing_accuracy") > u("routing_accuracy") and t("routing_misfits") <= u("routing_misfits"),
-        trained=t("routing_accuracy"), untrained=u("routing_accuracy"),
-        misfits_trained=t("routing_misfits"), misfits_untrained=u("routing_misfits"))
+    out["routing_at_least_20_points_above_untrained"] = row(
+        ("routing_accuracy",), lambda: t("routing_accuracy") >= u("routing_accuracy") + 20,
+        trained=t("routing_accuracy"), untrained=u("routing_accuracy"))
+    for name in ("judge_prefers_trained_in_65pct_of_pairs", "blind_reading_doubles_acceptable"):
+        out[name] = {"met": False, "missing": True}  # not measured by this run (see the report)
     return out
 
 
@@ -502,6 +506,7 @@ def _training(work: Path) -> dict[str, Any]:
     found: dict[str, Any] = {}
     cards = [("", c) for c in sorted((work / "adapters").glob("*/adapter_card.json"))]
     cards += [("sft-", c) for c in sorted((work / "sft").glob("*/adapter_card.json"))]
+    cards += [(f"select-{c.parent.parent.name}-", c) for c in sorted((work / "select").glob("*/*/adapter_card.json"))]
     for prefix, card in cards:
         info = json.loads(card.read_text(encoding="utf-8"))
         entry: dict[str, Any] = {"method": info.get("method"), "reward": info.get("rewards", []),
@@ -679,6 +684,41 @@ def _plots(results: dict[str, Any], docs: Path) -> list[str]:
     names.append("speakers.png")
     plt.close(fig)
 
+    faults = [m for m in ("reply_refusals", "helpdesk_rate", "style_copies", "voice_copies", "prompt_echoes",
+                          "action_refusals", "action_first_person", "copied_actions")
+              if m in results["comparisons"]]
+    if faults:
+        fig, ax = plt.subplots(figsize=(7.5, 3.8))
+        width = 0.8 / len(systems)
+        for i, system in enumerate(systems):
+            ax.bar([x + i * width for x in range(len(faults))],
+                   [results["comparisons"][m].get(system) or 0 for m in faults], width, label=system)
+        ax.set_xticks([x + width * (len(systems) - 1) / 2 for x in range(len(faults))],
+                      [m.replace("_rate", "").replace("_", " ") for m in faults], rotation=30, ha="right", fontsize=8)
+        ax.set(ylabel="% of replies / directions", title="Faults per system, held-out test (lower is better)")
+        ax.legend(fontsize=8)
+        fig.tight_layout()
+        fig.savefig(docs / "faults.png", dpi=120)
+        names.append("faults.png")
+        plt.close(fig)
+    if results.get("samples"):
+        fig, ax = plt.subplots(figsize=(6, 3.5))
+        keys = sorted({k for counts in results["samples"].values() for k in counts})
+        iterations = sorted(results["samples"], key=int)
+        for key in keys:
+            shares = [100 * results["samples"][i][key]["passed"] / results["samples"][i][key]["sampled"]
+                      if key in results["samples"][i] and results["samples"][i][key]["sampled"] else None
+                      for i in iterations]
+            ax.plot([int(i) for i in iterations], shares, marker="o", label=key)
+        ax.set(xlabel="selection iteration", ylabel="samples passing the verifiers, %",
+               title="Kept yield per iteration and source")
+        ax.xaxis.get_major_locator().set_params(integer=True)
+        ax.legend(fontsize=7)
+        fig.tight_layout()
+        fig.savefig(docs / "yield.png", dpi=120)
+        names.append("yield.png")
+        plt.close(fig)
+
     runs = {k: v for k, v in results["training"].items() if v.get("log")}
     if runs:
         fig, axes = plt.subplots(1, len(runs), figsize=(4.5 * len(runs), 3.5), squeeze=False)
@@ -766,12 +806,14 @@ def _report(results: dict[str, Any], plots: list[str]) -> str:
     for name, info in results["reward_models"].items():
         lines.append(f"- {name}: {json.dumps(info)}")
     if results.get("samples"):
-        lines += ["", "## The warm start's samples", "",
-                  "| source/role | sampled | passed the checks | left out (fault: count) |", "|---|---|---|---|"]
-        for key, row in sorted(results["samples"].items()):
-            faults = ", ".join(f"{k} {v}" for k, v in sorted(row.items(), key=lambda kv: -kv[1])
-                               if k not in ("sampled", "passed")) or "-"
-            lines.append(f"| {key} | {row['sampled']} | {row['passed']} | {faults} |")
+        lines += ["", "## Selection: samples per iteration", "",
+                  "| iteration | source/role | sampled | passed the verifiers | kept (best of group) | dropped (fault: count) |",
+                  "|---|---|---|---|---|---|"]
+        for iteration, counts in results["samples"].items():
+            for key, row in sorted(counts.items()):
+                dropped = ", ".join(f"{k} {v}" for k, v in sorted(row.items(), key=lambda kv: -kv[1])
+                                    if k not in ("sampled", "passed", "kept")) or "-"
+                lines.append(f"| {iteration} | {key} | {row['sampled']} | {row['passed']} | {row['kept']} | {dropped} |")
     lines += ["", "## Training", "", "| run | method | rows | steps | starts from | curve first -> last quarter | seconds |",
               "|---|---|---|---|---|---|---|"]
     for run, entry in results["training"].items():

@@ -48,7 +48,6 @@ ANCHOR = ("That sounds really painful, and it makes sense that you feel discoura
     ("That sounds hard. I apologize for the inconvenience, but I can't assist with that.", "refusal"),
     ("Sure, I'd be happy to help. What would you like me to do?", "helpdesk"),
     ("What would you like to talk to me about?", "helpdesk"),
-    ("willing to learn from them.", "as_person"),  # the person's unfinished message carried on
     ("It sounds like you feel let down and a bit embarrassed.", "copies_style"),
     ("Tone: sigh. Please speak to them now, it will pass.", "echoes_prompt"),
 ])

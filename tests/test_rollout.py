@@ -40,7 +40,8 @@ def _graph(roster: Roster, *, delay: bool = False, user: PromptChat | None = Non
 
 
 def _collect(roster: Roster, graph: Any, out: Path, **kwargs: Any) -> Any:
-    scenarios = load_scenarios(roster.id)[:3]
+    # without written follow-ups: the simulated person speaks every round here
+    scenarios = [s.model_copy(update={"followups": []}) for s in load_scenarios(roster.id)[:3]]
     profiles = list(roster.user_profiles[:2])
     return asyncio.run(collect_episodes(graph, scenarios, profiles, roster=roster.id, out=out, **kwargs))
 
@@ -56,7 +57,8 @@ def _content(episode: Any) -> dict[str, Any]:
 
 
 def test_plan_is_stable_and_repeats_pairs(roster: Roster) -> None:
-    scenarios = load_scenarios(roster.id)[:3]
+    # without written follow-ups: the simulated person speaks every round here
+    scenarios = [s.model_copy(update={"followups": []}) for s in load_scenarios(roster.id)[:3]]
     profiles = list(roster.user_profiles[:2])
     plan = plan_episodes(roster.id, scenarios, profiles, episodes=8, seed=5)
     assert plan == plan_episodes(roster.id, scenarios, profiles, episodes=8, seed=5)

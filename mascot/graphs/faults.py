@@ -188,7 +188,7 @@ def reply_faults(text: str, *, person: str = "", voices: Sequence[str] = (), per
         found.append("refusal")
     if _HELPDESK.search(text):
         found.append("helpdesk")
-    if _PERSON_LABEL.match(text) or text[0].islower() or (person and echoes(text, person)):
+    if _PERSON_LABEL.match(text) or (person and echoes(text, person)):
         found.append("as_person")
     if copies_voice(text, voices) or any(_repeats(text, voice) for voice in voices):
         found.append("copies_voice")

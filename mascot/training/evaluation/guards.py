@@ -14,7 +14,9 @@ an episode has nothing to measure, so it does not count):
   Director handed straight back counts as one voice short).
 - ``refusal_rate``: persona turns that refuse (anywhere in the reply) or talk as an
   assistant (``faults.reply_faults`` ``refusal`` or ``helpdesk``).
+- ``reply_refusals``: persona turns that refuse, anywhere in the reply (``refusal`` alone).
 - ``helpdesk_rate``: persona turns with help-desk talk ("What would you like me to do?").
+- ``voice_copies``: persona turns heard that repeat an earlier voice of the round.
 - ``style_copies``: persona turns repeating a persona's text or style example.
 - ``prompt_echoes``: persona turns saying back their own direction or the prompt's wording.
 - ``echo_rate``: persona turns that copy an earlier voice of the round or the person, over
@@ -48,9 +50,9 @@ from mascot.training.episodes.episode import Episode
 
 #: The guard metrics, in report order.
 GUARDS = ("voices_per_round", "multi_voice_rounds", "multi_voice_rounds_all", "reply_words", "refusal_rate",
-          "helpdesk_rate", "style_copies", "prompt_echoes", "echo_rate", "as_person_rate", "skipped_turns",
-          "copied_actions", "action_refusals", "action_first_person", "short_tones", "first_offered",
-          "offered_voices")
+          "reply_refusals", "helpdesk_rate", "voice_copies", "style_copies", "prompt_echoes", "echo_rate",
+          "as_person_rate", "skipped_turns", "copied_actions", "action_refusals", "action_first_person",
+          "short_tones", "first_offered", "offered_voices")
 #: Fallback reasons of the speaker node for a skipped copy (``graphs.speaker``).
 _COPY_SKIPS = ("repeated a voice heard this round", "repeated the person's message")
 
@@ -103,7 +105,9 @@ def guard_metrics(episode: Episode, roster: Roster) -> dict[str, float | None]:
         "multi_voice_rounds_all": _share(sum(len(v) >= 2 for v in rounds), len(rounds)),
         "reply_words": sum(map(word_count, turns)) / len(turns) if turns else None,
         "refusal_rate": _share(sum("refusal" in f or "helpdesk" in f for f in faults), len(faults)),
+        "reply_refusals": _share(sum("refusal" in f for f in faults), len(faults)),
         "helpdesk_rate": _share(sum("helpdesk" in f for f in faults), len(faults)),
+        "voice_copies": _share(sum("copies_voice" in f for f in faults), len(faults)),
         "style_copies": _share(sum("copies_style" in f for f in faults), len(faults)),
         "prompt_echoes": _share(sum("echoes_prompt" in f for f in faults), len(faults)),
         "echo_rate": _share(sum("copies_voice" in f or "copies_person" in f for f in faults) + copy_skips, attempts),
