@@ -327,6 +327,7 @@ def _samples(args: argparse.Namespace) -> int:
 
     roster = load_roster(args.roster)
     episodes = _input_episodes(args.source)
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)  # a pipeline's iteration folder
     try:
         points = decision_points(episodes, roster)[: args.max_points]
         contexts = candidate_contexts(episodes, roster)[: args.max_contexts]
