@@ -53,8 +53,9 @@ def episodes(roster: Roster, tmp_path_factory: pytest.TempPathFactory) -> list:
     graph = create_director_graph(roster, director=director_fake(roster.persona_ids), speakers=speaker_fake(),
                                   user=speaker_fake(), max_rounds=2)
     out = tmp_path_factory.mktemp("episodes") / "episodes.jsonl"
-    asyncio.run(collect_episodes(graph, load_scenarios(roster.id)[:2], roster.user_profiles[:1],
-                                 roster=roster.id, out=out))
+    # the simulated person speaks every round (no written follow-ups), as the tests measured it
+    scenarios = [s.model_copy(update={"followups": []}) for s in load_scenarios(roster.id)[:2]]
+    asyncio.run(collect_episodes(graph, scenarios, roster.user_profiles[:1], roster=roster.id, out=out))
     return read_episodes(out)
 
 

@@ -36,6 +36,8 @@ class SelectionStage(BaseModel):
     sft: str | None = None  # the SFT recipe of each iteration (a YAML file)
     dpo: str | None = None  # the DPO recipe after the last iteration; none: no DPO pass
     min_margin: float = Field(default=0.2, ge=0)  # of the measured scores, for pairs without a faulty sample
+    timeout: float | None = Field(default=None, gt=0)  # seconds per request (a slow teacher on a CPU needs minutes)
+    concurrency: int | None = Field(default=None, ge=1)  # requests at once while sampling
 
 
 def selection_stages(selection: SelectionStage, *, roster: list[str], model: str, teacher: str | None,
@@ -65,6 +67,8 @@ def selection_stages(selection: SelectionStage, *, roster: list[str], model: str
         plan.append((f"select-{iteration}-samples", [
             "samples", "--in", episodes, *roster, "--policies", str(policies), *engine, "--k", str(selection.k),
             *(["--teacher-model", teacher] if teacher else []), *(["--play"] if selection.play else []),
+            *(["--timeout", f"{selection.timeout:g}"] if selection.timeout else []),
+            *(["--concurrency", str(selection.concurrency)] if selection.concurrency else []),
             *(["--max-points", str(selection.max_points)] if selection.max_points else []),
             *(["--max-contexts", str(selection.max_contexts)] if selection.max_contexts else []),
             *budget, "--seed", str(seed + iteration), "--out", str(last / "samples.jsonl")]))
