@@ -122,6 +122,7 @@ def main() -> int:
     results["readme_message"] = readme
     results["targets"].update(readme_targets(readme))
     results["machine"] = machine()
+    results["winner"] = winning_system(results["comparisons"])
     # the run's own time: every stage's seconds, summed over the invocations that ran them
     results["minutes_total"] = round(sum(timings.values()) / 60, 1)
     write_docs(work, docs, results)
@@ -130,8 +131,33 @@ def main() -> int:
         for page in write_pages([ROOT / "README.md", ROOT / "docs" / "evaluation.md"], docs, results):
             print(f"learning: {page.relative_to(ROOT)} rewritten from this run")
     if not args.quick:
-        ship_adapters(work, model, results)
+        winner = results["winner"]
+        if winner == "trained":
+            ship_adapters(work, model, results)
+        else:
+            print(f"learning: {winner} wins on the fault rates; the trained adapters are not shipped",
+                  file=sys.stderr)
     return 0
+
+
+#: The fault rates (percent, lower is better) the shipped system must lower, and the guard it
+#: must not give up for them (rounds with two or more voices, over every round).
+WIN_FAULTS = ("reply_refusals", "helpdesk_rate", "style_copies", "voice_copies", "action_refusals",
+              "action_first_person", "copied_actions")
+
+
+def winning_system(comparisons: dict[str, Any]) -> str:
+    """``trained`` when its mean fault rate is below the untrained ensemble's and it keeps at
+    least as many rounds of two or more voices; else ``untrained``."""
+    rates = {system: [comparisons[m][system] for m in WIN_FAULTS
+                      if m in comparisons and comparisons[m].get(system) is not None]
+             for system in ("trained", "untrained")}
+    if not all(rates.values()):
+        return "untrained"
+    mean = {system: sum(v) / len(v) for system, v in rates.items()}
+    voices = comparisons.get("multi_voice_rounds_all", {})
+    kept_voices = (voices.get("trained") or 0) >= (voices.get("untrained") or 0)
+    return "trained" if mean["trained"] < mean["untrained"] and kept_voices else "untrained"
 
 
 def ship_adapters(work: Path, model: Path, results: dict[str, Any]) -> Path | None:
@@ -775,6 +801,8 @@ def _report(results: dict[str, Any], plots: list[str]) -> str:
             lines.append(f"| {metric}{arrow} | " + " | ".join(f(row.get(s)) for s in systems)
                          + f" | {f(row['diff'])} [{f(row['diff_ci95'][0])}, {f(row['diff_ci95'][1])}] |")
         lines.append("")
+    lines += [f"Winner on the fault rates (mean of {', '.join(WIN_FAULTS)}, without fewer rounds of two or more "
+              f"voices): **{results.get('winner', '-')}**; the trained adapters are shipped only when they win.", ""]
     lines += ["## Targets", "", "| target | measured | met |", "|---|---|---|"]
     for name, target in results["targets"].items():
         measured = ", ".join(f"{k} {f(v)}" for k, v in target.items() if k != "met")

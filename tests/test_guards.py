@@ -99,3 +99,21 @@ def test_copies_the_speaker_node_skipped_still_count(roster: Roster) -> None:
     guards = guard_metrics(episode, roster)
     assert guards["echo_rate"] == 50.0 and guards["skipped_turns"] == 50.0
     assert guards["voices_per_round"] == 1.0
+
+
+def test_each_fault_of_the_verifiers_has_its_figure(roster: Roster) -> None:
+    episode = _episode([
+        EpisodeMessage(role="user", content=PERSON),
+        _turn("anchor", "Oh no! I'm sorry, but I can't help you with that.", False,
+              action="The Anchor, the emotional validator"),
+        _turn("catalyst", "Sure, I'd be happy to help. What would you like me to do?", False,
+              action="I will be able to get better again."),
+        _turn("beacon", "It sounds like you feel let down and a bit embarrassed.", False),
+        _turn("action_guide", "Book one lesson this week and ask the examiner which manoeuvre cost you.", False),
+        EpisodeMessage(role="user", content="Okay, and then what?"),  # a round the Director handed straight back
+    ])
+    guards = guard_metrics(episode, roster)
+    assert guards["reply_refusals"] == 25.0 and guards["helpdesk_rate"] == 25.0
+    assert guards["refusal_rate"] == 50.0 and guards["style_copies"] == 25.0
+    assert guards["action_first_person"] == 50.0 and guards["voice_copies"] == 0.0
+    assert guards["multi_voice_rounds"] == 100.0 and guards["multi_voice_rounds_all"] == 50.0
