@@ -568,13 +568,15 @@ README_START, README_END = "<!-- learning-run: start -->", "<!-- learning-run: e
 #: The README's first command's output: the trained ensemble on the README message (seed 0).
 MESSAGE_START, MESSAGE_END = "<!-- readme-message: start -->", "<!-- readme-message: end -->"
 #: The rows of the README's table: metric -> label.
-README_ROWS = {"multi_voice_rounds": "rounds with 2+ voices, %", "voices_per_round": "voices per round",
+README_ROWS = {"multi_voice_rounds_all": "rounds with 2+ voices (every round), %", "voices_per_round": "voices per round",
                "redundancy": "redundancy, rounds of 2+ voices (lower is better)",
-               "persona_identifiability": "persona identifiability", "refusal_rate": "replies refusing, %",
-               "action_refusals": "actions refusing, %", "copied_actions": "actions copying 6+ words, %",
-               "short_tones": "tones of at most 6 words, %", "first_offered": "first voice offered chosen, %",
-               "routing_accuracy": "routing set, right voice, %", "routing_misfits": "routing set, misfit, %",
-               "reply_words": "words per reply", "echo_rate": "replies echoing, %"}
+               "persona_identifiability": "persona identifiability", "reply_refusals": "replies refusing, %",
+               "helpdesk_rate": "replies with help-desk talk, %", "style_copies": "replies copying a style line, %",
+               "voice_copies": "replies repeating an earlier voice, %", "action_refusals": "actions refusing, %",
+               "action_first_person": "actions in the first person or naming the voice, %",
+               "copied_actions": "actions copying 6+ words, %", "short_tones": "tones of at most 6 words, %",
+               "first_offered": "first voice offered chosen, %", "routing_accuracy": "routing set, right voice, %",
+               "reply_words": "words per reply"}
 
 
 def write_pages(pages: list[Path], docs: Path, results: dict[str, Any]) -> list[Path]:
@@ -608,6 +610,7 @@ def _learning_section(text: str, page: Path, docs: Path, results: dict[str, Any]
     """``text`` with its learning-run section written from a run; links relative to ``page``."""
     c, systems = results["comparisons"], [s for s in ("untrained", "sft", "trained", "round_robin")
                                           if s in results["systems"]]
+    winner = results.get("winner")
     rel = Path(os.path.relpath(Path(docs).resolve(), page.resolve().parent)).as_posix()
 
     def f(value: Any) -> str:
@@ -629,8 +632,9 @@ def _learning_section(text: str, page: Path, docs: Path, results: dict[str, Any]
     met = [n for n, t in results["targets"].items() if t["met"]]
     missed = [n for n, t in results["targets"].items() if not t["met"]]
     lines += ["", f"Targets met: {', '.join(met) or 'none'}. **Missed:** {', '.join(missed) or 'none'} "
-                  f"(figures in the report).", ""]
-    lines += [f"![{p}]({rel}/{p})" for p in ("reward_curves.png", "redundancy_by_position.png", "speakers.png")
+                  f"(figures in the report). Winner on the fault rates: **{winner or '-'}**"
+                  f"{'' if winner == 'trained' else ' (the trained adapters are not shipped)'}.", ""]
+    lines += [f"![{p}]({rel}/{p})" for p in ("faults.png", "yield.png", "redundancy_by_position.png", "speakers.png")
               if (Path(docs) / p).is_file()]
     round_of = _first_round(docs, ("untrained", "trained"))
     if round_of:
