@@ -6,9 +6,11 @@ it against ``bench/faults/rule.md`` before the detector was fitted. The detector
 were fitted on the ``dev`` half only; this prints precision and recall per fault on both
 halves (``test`` is the figure to quote) and writes ``bench/results/faults.json``.
 
-    python bench/faults.py [--labels FILE ...] [--split dev|test|all] [--misses]
+    python bench/faults.py [--labels FILE ...] [--split dev|test|all] [--misses] [--write PAGE]
 
-``--misses`` lists every disagreement of the chosen split (for fitting on dev).
+``--misses`` lists every disagreement of the chosen split (for fitting on dev); ``--write``
+puts the table of both halves into a page, between ``<!-- faults: start -->`` and
+``<!-- faults: end -->`` (docs/evaluation.md).
 """
 
 from __future__ import annotations
@@ -79,6 +81,7 @@ def main() -> int:
     parser.add_argument("--split", choices=("dev", "test", "all"), default="test", help="which half --misses lists")
     parser.add_argument("--misses", action="store_true", help="list the disagreements of --split")
     parser.add_argument("--out", type=Path, default=HERE / "results" / "faults.json", help="figures (JSON)")
+    parser.add_argument("--write", type=Path, metavar="PAGE", help="write the table into PAGE's marked section")
     args = parser.parse_args()
     roster = load_roster("emotional_support")
     items = load_items(args.labels)
@@ -102,7 +105,35 @@ def main() -> int:
                 print(f"\n[{item['id']} {item['kind']}] labelled {sorted(labelled)} detected {sorted(found)}\n  {shown}")
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(results, indent=1) + "\n", encoding="utf-8")
+    if args.write:
+        page = args.write.read_text(encoding="utf-8")
+        if START not in page or END not in page:
+            raise SystemExit(f"{args.write}: no {START} ... {END} section")
+        head, rest = page.split(START, 1)
+        args.write.write_text(head + START + "\n" + table(results, items) + END + rest.split(END, 1)[1],
+                              encoding="utf-8")
     return 0
+
+
+START, END = "<!-- faults: start -->", "<!-- faults: end -->"
+
+
+def table(results: dict[str, Any], items: Sequence[dict[str, Any]]) -> str:
+    """The agreement per fault on both halves, as a Markdown table (test first: the figure to quote)."""
+    counts = {(m, k): sum(i["model"] == m and i["kind"] == k for i in items) for m in results["models"]
+              for k in ("reply", "direction")}
+    lines = ["Labelled outputs: " + ", ".join(f"{m}: {counts[m, 'reply']} replies, {counts[m, 'direction']} directions"
+                                              for m in results["models"]) + ". Each cell: precision / recall "
+             f"(items labelled with the fault); the gate is {GATE:.2f} for both on test.", "",
+             "| fault | test | dev |", "|---|---|---|"]
+
+    def cell(row: dict[str, Any]) -> str:
+        p, r = (f"{v:.2f}" if v is not None else "-" for v in (row["precision"], row["recall"]))
+        return f"{p} / {r} ({row['labelled']})"
+
+    for name in results["splits"]["test"]:
+        lines.append(f"| {name} | {cell(results['splits']['test'][name])} | {cell(results['splits']['dev'][name])} |")
+    return "\n".join(lines) + "\n"
 
 
 if __name__ == "__main__":

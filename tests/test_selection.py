@@ -141,6 +141,15 @@ def test_pairs_from_samples_then_dpo_of_the_director_with_an_sft_term(tiny_model
     refused = mascot("train-director", *ROSTER, "--method", "dpo", "--base", str(tiny_model), "--out",
                      str(tmp_path / "x"), ok=False)
     assert refused.returncode == 2 and "--method dpo needs --pairs" in refused.stderr.strip().splitlines()[-1]
+    speakers_only = tmp_path / "speakers-only.jsonl"
+    speakers_only.write_text("".join(line + "\n" for line in (tmp_path / "pairs" / "train.jsonl").read_text().splitlines()
+                                     if json.loads(line)["persona"] != "director"))
+    skipped = mascot("train-director", *ROSTER, "--method", "dpo", "--base", str(tiny_model), "--pairs",
+                     str(speakers_only), "--init_adapter", str(tmp_path / "adapters" / "director"), "--out",
+                     str(tmp_path / "kept"))
+    assert "no Director pairs" in skipped.stderr and "is kept as the Director's adapter" in skipped.stderr
+    kept = yaml.safe_load((tmp_path / "kept" / "policies.yaml").read_text())["roles"]["director"]
+    assert Path(kept["model"]) == tiny_model and "director" in str(kept["adapter"])
     missing = mascot("pairs", "--samples", str(tmp_path / "none.jsonl"), *ROSTER, "--out", str(tmp_path / "p"),
                      ok=False)
     assert "--samples: no such file" in missing.stderr

@@ -325,10 +325,15 @@ def _train_director_dpo(args: argparse.Namespace, roster: Roster) -> int:
     if not args.pairs:
         raise UsageError("--method dpo needs --pairs DIR (mascot pairs --samples or --approvals)")
     rows = [r for r in _pairs(args.pairs) if r.get("persona") == "director"]
-    if not rows:
-        raise UsageError(f"--pairs: no Director pairs (persona 'director') in {args.pairs}")
     config, base = recipe_from_args(SpeakerDPOConfig, args)
     policy_file = Path(args.policy_file or Path(args.out) / POLICY_FILE)
+    if not rows:  # as train-speakers does with a persona that has no turn: said, and left as it was
+        if config.init_adapter and _main_process():
+            register_adapter(policy_file, "director", base=base, adapter=config.init_adapter, roster=roster)
+        kept = f"; {config.init_adapter} is kept as the Director's adapter" if config.init_adapter else ""
+        err.print(f"director: no Director pairs (persona 'director') in {args.pairs}; not trained{kept}",
+                  markup=False)
+        return 0
     try:
         target = adapter_target(args.out, "director")
         if is_finished(target) and not args.retrain:
