@@ -171,15 +171,28 @@ def ship_adapters(work: Path, model: Path, results: dict[str, Any]) -> Path | No
               file=sys.stderr)
         return None
     roster = load_roster(yaml.safe_load((work / "recipe.yaml").read_text(encoding="utf-8"))["roster"])
-    card = json.loads((work / "adapters" / "director" / "adapter_card.json").read_text(encoding="utf-8"))
-    played = yaml.safe_load((work / "adapters" / "policies.yaml").read_text(encoding="utf-8"))["roles"]
+    folder = trained_policies(work).parent
+    if not (folder / "director" / "adapter_card.json").is_file() or not (folder / "speakers").is_dir():
+        print(f"learning: {folder} lacks the Director's or the speakers' adapter: nothing shipped", file=sys.stderr)
+        return None
+    card = json.loads((folder / "director" / "adapter_card.json").read_text(encoding="utf-8"))
+    played = yaml.safe_load((folder / "policies.yaml").read_text(encoding="utf-8"))["roles"]
     run = {"roster": roster.id, "personas": list(roster.persona_ids), "version": played["director"].get("version"),
            "director_steps": card.get("steps"), "report": "docs/learning/report.md",
            "minutes_total": results.get("minutes_total"), "machine": results.get("machine")}
-    target = ship(work / "adapters", DEFAULT_OFFLINE_MODEL, run)
+    target = ship(folder, DEFAULT_OFFLINE_MODEL, run)
     print(f"learning: adapters shipped in {target} (mascot offline-model writes them beside the model)",
           file=sys.stderr)
     return target
+
+
+def trained_policies(work: Path) -> Path:
+    """The policy file the run's evaluation plays as ``trained``: the DPO adapters', or the
+    last selection iteration's when the recipe has no DPO."""
+    selection = yaml.safe_load((work / "recipe.yaml").read_text(encoding="utf-8"))["selection"]
+    if selection.get("dpo"):
+        return work / "adapters" / "policies.yaml"
+    return work / "select" / str(selection["iterations"] - 1) / "policies.yaml"
 
 
 def write_run(work: Path, model: Path, *, quick: bool, judge: Path | None = None) -> Path:
@@ -272,8 +285,9 @@ def readme_rounds(work: Path, model: Path) -> tuple[dict[str, list[dict[str, Any
     import subprocess
 
     runs: dict[str, list[dict[str, Any]]] = {}
-    policies = work / "adapters" / "policies.yaml"
-    version = yaml.safe_load(policies.read_text(encoding="utf-8"))["roles"]["director"].get("version")
+    policies = trained_policies(work)
+    roles = yaml.safe_load(policies.read_text(encoding="utf-8"))["roles"]
+    version = (roles.get("director") or roles.get("anchor") or {}).get("version")
     cache = work / "readme-message.json"  # a rerun of a finished run reuses them
     if cache.is_file() and json.loads(cache.read_text(encoding="utf-8")).get("version") == version:
         return json.loads(cache.read_text(encoding="utf-8"))["runs"], False
