@@ -175,3 +175,18 @@ def test_a_recipe_with_selection_iterates_then_pairs_then_dpo(tmp_path: Path) ->
     assert evaluate[evaluate.index("--policies") + 1] == str(run / "adapters" / "policies.yaml")
     assert evaluate[evaluate.index("--sft") + 1] == str(run / "select" / "1" / "policies.yaml")
     assert not any(name.startswith(("judge", "persona-rm", "speakers", "director")) for name in plan)
+
+
+def test_selection_never_learns_a_guarded_turn_or_an_agreement_with_despair(roster: Roster) -> None:
+    """What the 1.5B teacher wrote to a person saying they were a burden passed every check of
+    style; selection must not keep it, nor any turn a safety rule governs."""
+    despair = "It sounds like you're very tired. You're right that everyone would benefit from less of you around."
+    guarded = _reply("c1", 1, OWN)
+    guarded["prompt"] = [{"role": "system", "content": "You are the Anchor.\n\nSafety comes first now: the person "
+                                                       "may be in danger."}, PROMPT[1]]
+    rows = [_reply("c1", 0, despair), guarded, _reply("c2", 0, OWN)]
+    scored = score_samples(rows, roster, embedder=LEXICAL)
+    assert [s.score is None for s in scored] == [True, True, False]
+    assert not any(s.passed for s in scored[:2])
+    played = _direction("p1", 0, despair)
+    assert score_samples([played], roster, embedder=LEXICAL)[0].score is None

@@ -27,6 +27,9 @@ A **reply** (``reply_faults``; ``REPLY_FAULTS``):
 - ``echoes_prompt``: its own instructions said back: ``reply.COPY_WORDS`` words in a row of
   the direction it was given, or the prompt's task wording ("Tone: sigh.", "Reply to the
   person now").
+- ``affirms_despair``: agrees with a hopeless or self-erasing belief ("You're right that
+  everyone would benefit from less of you around."): the 1.5B teacher wrote this to a person
+  saying they were a burden, a reply every other check passed.
 
 A **direction** (``direction_faults``; ``DIRECTION_FAULTS``), its action and tone:
 
@@ -50,7 +53,8 @@ from mascot.graphs.reply import (COPY_WORDS, QUOTE_WORDS, copies, cut_quotes, ec
 from mascot.rosters import Roster
 
 #: The faults ``reply_faults`` names, in the order it tests them.
-REPLY_FAULTS = ("refusal", "helpdesk", "as_person", "copies_voice", "copies_person", "copies_style", "echoes_prompt")
+REPLY_FAULTS = ("refusal", "helpdesk", "as_person", "copies_voice", "copies_person", "copies_style", "echoes_prompt",
+                "affirms_despair")
 #: The faults ``direction_faults`` names, in the order it tests them.
 DIRECTION_FAULTS = ("refusal", "copied", "names_voice", "first_person", "long_tone")
 #: Most words a tone may have ("warm, unhurried" is a tone; a sentence is not).
@@ -116,6 +120,14 @@ _GOES_ON = re.compile(r"[^.!?]*\bbut\b\s+(?!I\b)", re.IGNORECASE)
 _PROMPT_WORDS = re.compile(
     r"\btone\s*:|\breply to the person now\b|\bspeak to them directly\b|\bthe director asks you\b"
     r"|\bin two to four sentences\b|\bwrite only your own words\b|\bno name prefix\b|\bstage direction\b",
+    re.IGNORECASE,
+)
+# agreeing with a person's hopeless or self-erasing belief ("You're right that everyone would
+# benefit from less of you around."): never a voice's to say, however clean the text
+_AFFIRMS_DESPAIR = re.compile(
+    r"\b(?:you'?re right|you are right|that'?s true|it'?s true|I agree|you'?re correct)\b[^.!?]{0,80}?"
+    r"\b(?:no hope|isn'?t much hope|not much hope|no point|pointless|better off|burden|without you|less of you|"
+    r"never (?:get|be) better|give up|hopeless|no way out|nothing (?:will|is going to) change)",
     re.IGNORECASE,
 )
 # a first person outside quotes: the Director speaking, not instructing
@@ -199,6 +211,8 @@ def reply_faults(text: str, *, person: str = "", voices: Sequence[str] = (), per
     told = [i.split(VERBATIM, 1)[0] for i in instructions]
     if _PROMPT_WORDS.search(text) or copies(text, [i for i in told if word_count(i) >= COPY_WORDS]):
         found.append("echoes_prompt")
+    if _AFFIRMS_DESPAIR.search(text):
+        found.append("affirms_despair")
     return tuple(found)
 
 

@@ -15,7 +15,8 @@ what can be measured of them, not by a model fitted on a handful of labels:
   played as a one-turn block (``mascot samples --play``), a faulty block reply scoring
   ``FAULTY``; a direction that was not played scores 0 (the hand-back too).
 
-``select_rows`` keeps the ``keep`` best distinct passing samples of each context (the SFT
+A turn a safety rule governs, and a reply that agrees with despair (``unsafe``), is never
+learned from. ``select_rows`` keeps the ``keep`` best distinct passing samples of each context (the SFT
 rows of one iteration); ``pool_pairs`` pairs, per context, the best passing sample with a
 faulty one (or, with none, the worst passing one at least ``min_margin`` below it): the
 preference pairs of the DPO stage, hundreds from the same pools. ``selection_counts`` says
@@ -32,6 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from mascot.graphs.embeddings import Embedder, default_embedder
+from mascot.graphs.faults import reply_faults
 from mascot.graphs.reply import word_count
 from mascot.rosters import Roster
 from mascot.training.jsonl import read_jsonl
@@ -59,7 +61,22 @@ class Scored:
 
     @property
     def passed(self) -> bool:
-        return self.row.get("fault") is None and bool(self.row.get("completion"))
+        return self.row.get("fault") is None and bool(self.row.get("completion")) and not unsafe(self.row)
+
+
+#: The line a speaker's prompt carries when a safety rule governs the round (``prompts.speaker_messages``).
+GUARDED = "Safety comes first now"
+
+
+def unsafe(row: Mapping[str, Any]) -> bool:
+    """A sample selection never learns from, whatever its checks said: a turn a safety rule
+    governs (its reply is the route's to fix, and a check of style cannot tell a harmful
+    agreement), or a reply (or a played block's reply) that agrees with despair."""
+    prompt = row.get("prompt") or []
+    if any(GUARDED in str(m.get("content", "")) for m in prompt if isinstance(m, Mapping)):
+        return True
+    said = [str(row.get("completion") or "")] if row.get("role") == "speakers" else [str(row.get("block_reply") or "")]
+    return any("affirms_despair" in reply_faults(text) for text in said if text)
 
 
 def score_samples(rows: Sequence[Mapping[str, Any]], roster: Roster, *,
@@ -79,7 +96,7 @@ def score_samples(rows: Sequence[Mapping[str, Any]], roster: Roster, *,
     texts: list[str] = list(descriptions.values())
     jobs: list[tuple[int, str, str, list[str]]] = []  # (row, persona, text, earlier voices)
     for index, row in enumerate(rows):
-        if row.get("fault") is not None or not row.get("completion"):
+        if row.get("fault") is not None or not row.get("completion") or unsafe(row):
             continue
         if row.get("role") == "speakers":
             jobs.append((index, str(row["persona"]), str(row["completion"]), list(row.get("voices") or [])))
@@ -102,7 +119,7 @@ def score_samples(rows: Sequence[Mapping[str, Any]], roster: Roster, *,
         scores[index] = IDENTIFY_WEIGHT * (mine - others) + NOVELTY_WEIGHT * novelty - LENGTH_PENALTY * outside
     scored = []
     for index, row in enumerate(rows):
-        if row.get("fault") is not None or not row.get("completion"):
+        if row.get("fault") is not None or not row.get("completion") or unsafe(row):
             scored.append(Scored(dict(row), None))
         elif row.get("role") == "director":
             played = row.get("block_reply") is not None
