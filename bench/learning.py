@@ -65,7 +65,8 @@ METRICS = {"redundancy": True, "distinct_2": False, "mean_reply_tokens": False, 
 GUARDS = {"voices_per_round": False, "multi_voice_rounds": False, "multi_voice_rounds_all": False,
           "reply_words": False, "refusal_rate": True, "reply_refusals": True, "helpdesk_rate": True,
           "voice_copies": True, "style_copies": True,
-          "prompt_echoes": True, "echo_rate": True, "as_person_rate": True, "skipped_turns": True,
+          "prompt_echoes": True, "despair_agreements": True, "echo_rate": True, "as_person_rate": True,
+          "skipped_turns": True,
           "copied_actions": True, "action_refusals": True, "action_first_person": True, "short_tones": False,
           "first_offered": True, "offered_voices": False, "routing_accuracy": False, "routing_misfits": True}
 #: The README's first message, played through each ensemble after the run (``mascot chat``).

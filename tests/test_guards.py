@@ -117,3 +117,4 @@ def test_each_fault_of_the_verifiers_has_its_figure(roster: Roster) -> None:
     assert guards["refusal_rate"] == 50.0 and guards["style_copies"] == 25.0
     assert guards["action_first_person"] == 50.0 and guards["voice_copies"] == 0.0
     assert guards["multi_voice_rounds"] == 100.0 and guards["multi_voice_rounds_all"] == 50.0
+    assert guards["despair_agreements"] == 0.0

@@ -19,6 +19,7 @@ an episode has nothing to measure, so it does not count):
 - ``voice_copies``: persona turns heard that repeat an earlier voice of the round.
 - ``style_copies``: persona turns repeating a persona's text or style example.
 - ``prompt_echoes``: persona turns saying back their own direction or the prompt's wording.
+- ``despair_agreements``: persona turns agreeing with the person's hopeless or self-erasing belief.
 - ``echo_rate``: persona turns that copy an earlier voice of the round or the person, over
   every attempt: the speaker node skips most copies before they are heard (a fallback
   "repeated a voice heard this round" or "repeated the person's message"), and those count.
@@ -50,8 +51,8 @@ from mascot.training.episodes.episode import Episode
 
 #: The guard metrics, in report order.
 GUARDS = ("voices_per_round", "multi_voice_rounds", "multi_voice_rounds_all", "reply_words", "refusal_rate",
-          "reply_refusals", "helpdesk_rate", "voice_copies", "style_copies", "prompt_echoes", "echo_rate",
-          "as_person_rate", "skipped_turns", "copied_actions", "action_refusals", "action_first_person",
+          "reply_refusals", "helpdesk_rate", "voice_copies", "style_copies", "prompt_echoes", "despair_agreements",
+          "echo_rate", "as_person_rate", "skipped_turns", "copied_actions", "action_refusals", "action_first_person",
           "short_tones", "first_offered", "offered_voices")
 #: Fallback reasons of the speaker node for a skipped copy (``graphs.speaker``).
 _COPY_SKIPS = ("repeated a voice heard this round", "repeated the person's message")
@@ -110,6 +111,7 @@ def guard_metrics(episode: Episode, roster: Roster) -> dict[str, float | None]:
         "voice_copies": _share(sum("copies_voice" in f for f in faults), len(faults)),
         "style_copies": _share(sum("copies_style" in f for f in faults), len(faults)),
         "prompt_echoes": _share(sum("echoes_prompt" in f for f in faults), len(faults)),
+        "despair_agreements": _share(sum("affirms_despair" in f for f in faults), len(faults)),
         "echo_rate": _share(sum("copies_voice" in f or "copies_person" in f for f in faults) + copy_skips, attempts),
         "as_person_rate": _share(sum("as_person" in f for f in faults), len(faults)),
         "skipped_turns": _share(len(skips), attempts),
