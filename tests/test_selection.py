@@ -7,7 +7,6 @@ import asyncio
 import json
 from pathlib import Path
 
-import pytest
 import yaml
 from fakes import PromptChat
 from safetensors.torch import load_file

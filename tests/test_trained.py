@@ -6,7 +6,6 @@ import json
 from pathlib import Path
 
 import pytest
-import yaml
 
 from mascot.offline.model import DEFAULT_OFFLINE_MODEL
 from mascot.policies.spec import load_policy_specs
