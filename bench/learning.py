@@ -22,7 +22,7 @@ intervals by scenario, guard figures, fault rates per system and kept yield per 
 plots), ``docs/learning/results.json`` and the raw held-out episodes
 ``docs/learning/episodes/*.jsonl``.
 
-    python bench/learning.py [--quick] [--model DIR] [--work DIR] [--docs DIR]
+    python bench/learning.py [--quick] [--model DIR] [--work DIR] [--docs DIR] [--no-readme] [--ship]
 
 ``--quick`` runs every stage at the smallest size (a smoke test, written to
 ``WORK/docs`` unless ``--docs`` is given). A rerun resumes: stages whose command did not
@@ -88,6 +88,11 @@ def main() -> int:
                                                              "into the cache, else --model itself)")
     parser.add_argument("--work", metavar="DIR", help="run folder (default ./learning-run or ./learning-quick)")
     parser.add_argument("--docs", metavar="DIR", help="report folder (default docs/learning; --quick: WORK/docs)")
+    parser.add_argument("--ship", action="store_true",
+                        help="ship the trained adapters into the package when they win on the fault rates; for a "
+                             "run whose eval plays the dev split (the recipe's eval scenarios), never the test split")
+    parser.add_argument("--no-readme", action="store_true",
+                        help="leave out the README message's rounds (six chats on the local engine)")
     args = parser.parse_args()
     stop_on_signals()  # SIGTERM and SIGHUP stop the run's vLLM servers and stage processes too
     work = Path(args.work or ("learning-quick" if args.quick else "learning-run")).resolve()
@@ -116,7 +121,7 @@ def main() -> int:
 
     run_pipeline(recipe, on_stage=on_stage)
     clock.update(t=time.monotonic())
-    readme, played = readme_rounds(work, model)
+    readme, played = ({}, False) if args.no_readme else readme_rounds(work, model)
     if played:
         timings["readme-message"] = round(time.monotonic() - clock["t"], 1)
     results = analyse(work, model, timings=dict(timings), quick=args.quick, judge=judge)
@@ -131,12 +136,11 @@ def main() -> int:
     if not args.quick and docs == ROOT / "docs" / "learning":
         for page in write_pages([ROOT / "README.md", ROOT / "docs" / "evaluation.md"], docs, results):
             print(f"learning: {page.relative_to(ROOT)} rewritten from this run")
-    if not args.quick:
-        winner = results["winner"]
-        if winner == "trained":
+    if args.ship:  # a choice made on the dev split, never on the test split this run reports
+        if results["winner"] == "trained":
             ship_adapters(work, model, results)
         else:
-            print(f"learning: {winner} wins on the fault rates; the trained adapters are not shipped",
+            print(f"learning: {results['winner']} wins on the fault rates; the trained adapters are not shipped",
                   file=sys.stderr)
     return 0
 
@@ -648,7 +652,7 @@ def _learning_section(text: str, page: Path, docs: Path, results: dict[str, Any]
     missed = [n for n, t in results["targets"].items() if not t["met"]]
     lines += ["", f"Targets met: {', '.join(met) or 'none'}. **Missed:** {', '.join(missed) or 'none'} "
                   f"(figures in the report). Winner on the fault rates: **{winner or '-'}**"
-                  f"{'' if winner == 'trained' else ' (the trained adapters are not shipped)'}.", ""]
+                  f"{'' if winner != 'trained' else ' (chosen on the split reported here, so not shipped: that choice belongs to the dev split)'}.", ""]
     lines += [f"![{p}]({rel}/{p})" for p in ("faults.png", "yield.png", "redundancy_by_position.png", "speakers.png")
               if (Path(docs) / p).is_file()]
     round_of = _first_round(docs, ("untrained", "trained"))
@@ -821,7 +825,7 @@ def _report(results: dict[str, Any], plots: list[str]) -> str:
                          + f" | {f(row['diff'])} [{f(row['diff_ci95'][0])}, {f(row['diff_ci95'][1])}] |")
         lines.append("")
     lines += [f"Winner on the fault rates (mean of {', '.join(WIN_FAULTS)}, without fewer rounds of two or more "
-              f"voices): **{results.get('winner', '-')}**; the trained adapters are shipped only when they win.", ""]
+              f"voices): **{results.get('winner', '-')}**; the trained adapters are shipped only by `--ship` on a run that evaluates the dev split.", ""]
     lines += ["## Targets", "", "| target | measured | met |", "|---|---|---|"]
     for name, target in results["targets"].items():
         measured = ", ".join(f"{k} {f(v)}" for k, v in target.items() if k != "met")
