@@ -696,6 +696,16 @@ def _first_round(docs: Path, systems: tuple[str, ...]) -> dict[str, Any] | None:
     return {"id": common[0], "turns": turns}
 
 
+def _save(fig: Any, docs: Path, name: str, names: list[str]) -> None:
+    """Write one plot into the report folder and list it."""
+    import matplotlib.pyplot as plt
+
+    fig.tight_layout()
+    fig.savefig(docs / name, dpi=120)
+    names.append(name)
+    plt.close(fig)
+
+
 def _plots(results: dict[str, Any], docs: Path) -> list[str]:
     import matplotlib
 
@@ -712,10 +722,7 @@ def _plots(results: dict[str, Any], docs: Path) -> list[str]:
     ax.set(xlabel="voice in the round", ylabel="redundancy (max cosine to earlier voices)",
            title="Redundancy by position, held-out")
     ax.legend()
-    fig.tight_layout()
-    fig.savefig(docs / "redundancy_by_position.png", dpi=120)
-    names.append("redundancy_by_position.png")
-    plt.close(fig)
+    _save(fig, docs, "redundancy_by_position.png", names)
 
     fig, ax = plt.subplots(figsize=(6, 3.5))
     systems = list(results["speakers"])
@@ -728,10 +735,7 @@ def _plots(results: dict[str, Any], docs: Path) -> list[str]:
     ax.set_xticks([p + width * (len(systems) - 1) / 2 for p in range(len(personas))], personas)
     ax.set(ylabel="share of persona turns", title="Who speaks, held-out")
     ax.legend()
-    fig.tight_layout()
-    fig.savefig(docs / "speakers.png", dpi=120)
-    names.append("speakers.png")
-    plt.close(fig)
+    _save(fig, docs, "speakers.png", names)
 
     faults = [m for m in ("reply_refusals", "helpdesk_rate", "style_copies", "voice_copies", "prompt_echoes",
                           "action_refusals", "action_first_person", "copied_actions")
@@ -746,10 +750,7 @@ def _plots(results: dict[str, Any], docs: Path) -> list[str]:
                       [m.replace("_rate", "").replace("_", " ") for m in faults], rotation=30, ha="right", fontsize=8)
         ax.set(ylabel="% of replies / directions", title="Faults per system, held-out test (lower is better)")
         ax.legend(fontsize=8)
-        fig.tight_layout()
-        fig.savefig(docs / "faults.png", dpi=120)
-        names.append("faults.png")
-        plt.close(fig)
+        _save(fig, docs, "faults.png", names)
     if results.get("samples"):
         fig, ax = plt.subplots(figsize=(6, 3.5))
         keys = sorted({k for counts in results["samples"].values() for k in counts})
@@ -763,10 +764,7 @@ def _plots(results: dict[str, Any], docs: Path) -> list[str]:
                title="Kept yield per iteration and source")
         ax.xaxis.get_major_locator().set_params(integer=True)
         ax.legend(fontsize=7)
-        fig.tight_layout()
-        fig.savefig(docs / "yield.png", dpi=120)
-        names.append("yield.png")
-        plt.close(fig)
+        _save(fig, docs, "yield.png", names)
 
     runs = {k: v for k, v in results["training"].items() if v.get("log")}
     if runs:
@@ -783,10 +781,7 @@ def _plots(results: dict[str, Any], docs: Path) -> list[str]:
                    title=f"{run} {'SFT warm start' if sft else 'GRPO'}")
             ax.xaxis.get_major_locator().set_params(integer=True)
             ax.legend(fontsize=7)
-        fig.tight_layout()
-        fig.savefig(docs / "reward_curves.png", dpi=120)
-        names.append("reward_curves.png")
-        plt.close(fig)
+        _save(fig, docs, "reward_curves.png", names)
     return names
 
 

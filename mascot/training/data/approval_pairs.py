@@ -9,7 +9,7 @@ from typing import Any
 
 from mascot.rosters import Roster
 from mascot.training.data.block_rollout import decision_points
-from mascot.training.data.pairs import PairSet, PairsReport, PreferencePair, _split_value
+from mascot.training.data.pairs import PairSet, PairsReport, PreferencePair, split_value
 from mascot.training.episodes.episode import Episode
 from mascot.training.judging.judgement import Message
 
@@ -59,7 +59,7 @@ def approval_pairs(episodes: Sequence[Episode], roster: Roster, *, test_fraction
                 provenance={"source": "approval", "episode": episode.id, "round": entry.get("round"),
                             "decision": entry["decision"]},
             ).model_dump(mode="json")
-            held_out = _split_value(point.context_id, seed) < test_fraction
+            held_out = split_value(point.context_id, seed) < test_fraction
             (test if held_out else train).append(pair)
             (test_points if held_out else train_points).add(point.context_id)
     report = PairsReport(contexts=len(train_points | test_points), candidates=answers, failed_judgements=0,

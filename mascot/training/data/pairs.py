@@ -177,7 +177,7 @@ def build_pairs(
                 pairs.append(_pair(better, worse))
         if not pairs:
             continue
-        held_out = _split_value(context_id, seed) < test_fraction
+        held_out = split_value(context_id, seed) < test_fraction
         (test if held_out else train).extend(pairs)
         (test_contexts if held_out else train_contexts).add(context_id)
     report = PairsReport(
@@ -239,7 +239,7 @@ def _pair(better: JudgedCandidate, worse: JudgedCandidate) -> dict[str, Any]:
     return pair.model_dump(mode="json")
 
 
-def _split_value(context_id: str, seed: int) -> float:
+def split_value(context_id: str, seed: int) -> float:
     """A number in [0, 1) fixed by seed and context id (the same on every machine)."""
     digest = hashlib.sha256(f"{seed}\0{context_id}".encode()).digest()
     return int.from_bytes(digest[:8], "big") / 2**64

@@ -25,8 +25,6 @@ per source and role how many were sampled, passed, kept, and why the rest were d
 
 from __future__ import annotations
 
-import hashlib
-import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -36,7 +34,9 @@ from mascot.graphs.embeddings import Embedder, default_embedder
 from mascot.graphs.faults import reply_faults
 from mascot.graphs.reply import word_count
 from mascot.rosters import Roster
+from mascot.training.data.pairs import split_value
 from mascot.training.jsonl import read_jsonl
+from mascot.training.measures import cosine
 
 #: Weight of persona identifiability (own description's cosine minus the best other's).
 IDENTIFY_WEIGHT = 1.0
@@ -111,9 +111,9 @@ def score_samples(rows: Sequence[Mapping[str, Any]], roster: Roster, *,
     for index, persona, text, voices in jobs:
         vector, earlier = vectors[at], vectors[at + 1: at + 1 + len(voices)]
         at += 1 + len(voices)
-        mine = _cosine(vector, own[persona])
-        others = max((_cosine(vector, v) for pid, v in own.items() if pid != persona), default=0.0)
-        novelty = 1.0 - max((_cosine(vector, v) for v in earlier), default=0.0)
+        mine = cosine(vector, own[persona])
+        others = max((cosine(vector, v) for pid, v in own.items() if pid != persona), default=0.0)
+        novelty = 1.0 - max((cosine(vector, v) for v in earlier), default=0.0)
         words = word_count(text)
         outside = max(LENGTH_BAND[0] - words, words - LENGTH_BAND[1], 0)
         scores[index] = IDENTIFY_WEIGHT * (mine - others) + NOVELTY_WEIGHT * novelty - LENGTH_PENALTY * outside
@@ -198,7 +198,7 @@ def pool_pairs(path: str | Path, roster: Roster, *, min_margin: float = 0.2, emb
         else:
             continue
         prompt = best.row["prompt"]
-        split = "test" if _hash_share(f"{seed}|{context_id}") < TEST_SHARE else "train"
+        split = "test" if split_value(context_id, seed) < TEST_SHARE else "train"
         pairs[split].append({
             "prompt": prompt,
             "chosen": [{"role": "assistant", "content": str(best.row["completion"])}],
@@ -249,13 +249,3 @@ def _sft_row(item: Scored) -> dict[str, Any]:
     row = item.row
     return {"prompt": row["prompt"], "completion": [{"role": "assistant", "content": row["completion"]}],
             "persona": row["persona"], "context_id": row["context_id"]}
-
-
-def _cosine(a: Sequence[float], b: Sequence[float]) -> float:
-    dot = sum(x * y for x, y in zip(a, b))
-    norm = math.sqrt(sum(x * x for x in a)) * math.sqrt(sum(y * y for y in b))
-    return dot / norm if norm else 0.0
-
-
-def _hash_share(text: str) -> float:
-    return int(hashlib.sha256(text.encode()).hexdigest()[:8], 16) / 2**32
