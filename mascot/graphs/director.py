@@ -17,7 +17,9 @@ from openai import LengthFinishReasonError
 from mascot.graphs.direction import StageDirection, direction_schema, interpret_direction
 from mascot.graphs.node import Node
 from mascot.graphs.prompts import director_messages
-from mascot.graphs.safety import SafetyGuard
+from mascot.graphs.moderation import AppDetector, ModeratedDetector
+from mascot.graphs.risk import PEAK
+from mascot.graphs.safety import SafetyDetector, SafetyGuard
 from mascot.graphs.speaker import speaker_node
 from mascot.graphs.state import DirectorState, offered_speakers, round_directions, round_speakers
 from mascot.graphs.user import USER_NODE, UserKind, user_node
@@ -47,7 +49,7 @@ def create_director_graph(
     structured_output: bool = False,
     retry_policy: RetryPolicy | None = None,
     offer_seed: int | None = 0,
-    safety: SafetyGuard | bool = True,
+    safety: SafetyGuard | bool | AppDetector | BaseChatModel = True,
     approve: bool = False,
 ) -> StateGraph:
     """Build the directed multi-persona conversation graph (uncompiled).
@@ -80,7 +82,9 @@ def create_director_graph(
             Every direction records what it was offered (``StageDirection.offered``).
         safety: The safety guard (``mascot.graphs.safety``): ``True`` (the default) guards
             with the roster's rules and their own resources, a ``SafetyGuard`` with a
-            deployment's resources or detector, ``False`` turns it off (logged as a
+            deployment's resources or detector, the app's own detector (a callable of the
+            person's messages returning a rule name or ``None``, or a chat model such as
+            Llama Guard: ``mascot.graphs.moderation``), ``False`` turns it off (logged as a
             warning when the roster has rules). When a rule fires on the person's message,
             the round follows its route whatever the Director writes: the Director is
             offered only the routed voice (prompt and schema) and writes its action and
@@ -124,8 +128,10 @@ def create_director_graph(
         record, update = state.get("guard"), {}
         messages = state.get("messages", [])
         if guard is not None and state.get("round_turns", 0) == 0 and messages and messages[-1].type == "human":
-            record = guard.check(messages, state.get("guards") or [], state.get("round", 0))
-            update = {"guard": record, **({"guards": [{**record, "round": state.get("round", 0)}]} if record else {})}
+            record, risk = guard.assess(messages, state.get("guards") or [], state.get("round", 0),
+                                        running_risk(state))
+            update = {"guard": record, "safety_risk": risk,
+                      **({"guards": [{**record, "round": state.get("round", 0)}]} if record else {})}
         if not record:
             return None, update, None
         pending = _pending(state, record)
@@ -332,9 +338,10 @@ class Decider:
         return self._interpret(output, messages, round_turns, offered)
 
 
-def safety_guard(roster: Roster, safety: SafetyGuard | bool) -> SafetyGuard | None:
+def safety_guard(roster: Roster, safety: SafetyGuard | bool | AppDetector | BaseChatModel) -> SafetyGuard | None:
     """The guard a graph of ``roster`` runs: ``True`` the roster's own, a given guard as is
-    (for this roster), ``False`` none (a warning when the roster has rules).
+    (for this roster), an app's detector (callable or chat model) in the roster's guard,
+    ``False`` none (a warning when the roster has rules).
 
     Raises:
         ValueError: if a given guard holds another roster's rules.
@@ -346,6 +353,11 @@ def safety_guard(roster: Roster, safety: SafetyGuard | bool) -> SafetyGuard | No
         return None
     if safety is True:
         return SafetyGuard(roster) if roster.safety else None
+    if isinstance(safety, BaseChatModel) or (callable(safety) and not isinstance(safety, SafetyGuard)):
+        if not roster.safety:
+            raise ValueError(f"a safety detector was given, but roster '{roster.id}' has no safety rules")
+        return SafetyGuard(roster, detector=ModeratedDetector(roster.safety, safety,
+                                                               fallback=SafetyDetector.for_roster(roster)))
     if safety.roster.safety != roster.safety:
         raise ValueError(f"the safety guard holds the rules of roster '{safety.roster.id}', not of '{roster.id}'")
     return safety
@@ -355,6 +367,16 @@ def _pending(state: DirectorState, record: dict[str, Any]) -> list[str]:
     """The route's voices not yet directed this round, in route order."""
     directed = {d.get("speaker") for d in round_directions(state)}
     return [voice for voice in record["route"] if voice not in directed]
+
+
+def running_risk(state: DirectorState) -> dict[str, float]:
+    """The conversation's running safety risk before the person's latest message: the
+    state's ``safety_risk``; in a conversation checkpointed before the state had it, each
+    rule of the last guarded round at ``risk.PEAK`` (it stays in force as it did)."""
+    if state.get("safety_risk") is not None:
+        return dict(state["safety_risk"])
+    last = state.get("round", 0) - 1
+    return {g["rule"]: PEAK for g in state.get("guards") or [] if g.get("round") == last and g.get("rule")}
 
 
 def _guard_note(roster: Roster, record: dict[str, Any] | None) -> str | None:

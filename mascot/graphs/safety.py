@@ -8,8 +8,10 @@ all-mpnet-base-v2 when built, else all-MiniLM-L6-v2, else lexical) of
 the person's latest message, read with the riskiest earlier one when there is one (risk that
 builds over turns), fitted on the rules' trigger examples (each its rule) against their near
 misses and a few everyday messages (no rule): shipped for the shipped rosters, fitted once
-and cached for others (``mascot.graphs.safety_heads``). A rule that fired stays in force for
-the rest of the conversation, or its ``persists_rounds``: its forbidden voices stay out.
+and cached for others (``mascot.graphs.safety_heads``). Beside it, the conversation's
+running risk (``mascot.graphs.risk``) adds up signals over messages, each harmless alone, and
+fires a rule when they reach its level; a rule that fired stays in force while that risk stays
+up (and at most its ``persists_rounds``), so it ends after several calm rounds.
 No LLM is asked: a small Director cannot be trusted with this, and a trained one could
 unlearn it. ``SafetyGuard`` is what the director graph holds: the
 detector, the deployment's resource texts, and whether the guard is on (off only when a
@@ -26,13 +28,21 @@ import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 from langchain_core.messages import BaseMessage
 
+from mascot.graphs import risk as running
 from mascot.graphs.embeddings import Embedder, default_embedder
-from mascot.graphs.safety_heads import StoredHead, cache_head, head_key, load_head
+from mascot.graphs.safety_heads import FIT_RATE, FIT_STEPS, StoredHead, cache_head, fit_head, head_key, load_head, softmax
+from mascot.graphs.safety_window import (
+    WINDOW_THRESHOLD,
+    WindowClassifier,
+    shipped_training_file,
+    training_windows,
+    window_text,
+)
 from mascot.rosters import DEFAULT_RESOURCES, Roster, SafetyRule
 from mascot.rosters.yaml_file import read_yaml
 
@@ -78,9 +88,6 @@ ENCODER_SETTINGS: dict[str, dict[str, float]] = {
     "lexical": {"threshold": 0.4, "min_similarity": 0.0,
                 "context_floor": 1.01, "context_threshold": 1.01, "alone_threshold": 0.0},
 }
-#: Full-batch gradient descent steps and step size of the fit (deterministic: zero start).
-FIT_STEPS = 2000
-FIT_RATE = 2.0
 #: Everyday messages that call for no rule, added to every roster's near misses
 #: (``everyday.yaml`` beside this module): a roster with few near misses would otherwise
 #: fire on anything, and short replies ("ok", "I can't sleep") on its nearest rule.
@@ -91,6 +98,20 @@ EVERYDAY_FILE = Path(__file__).with_name("everyday.yaml")
 def everyday_messages() -> tuple[str, ...]:
     """The everyday messages of ``EVERYDAY_FILE``."""
     return tuple(str(m) for m in read_yaml(EVERYDAY_FILE)["messages"])  # type: ignore[index]
+
+
+class Detector(Protocol):
+    """What the guard asks of a detector: ``SafetyDetector``, or an app's own
+    (``mascot.graphs.moderation.ModeratedDetector``)."""
+
+    def detect(self, message: str, context: Sequence[str] = ()) -> Detection | None:
+        """The rule the person's latest message calls for, or ``None``."""
+
+    def signal(self, message: str, context: Sequence[str] = ()) -> dict[str, float]:
+        """Each rule's probability after ``message`` (the running risk's signal)."""
+
+    def describe(self) -> str:
+        """One line on what detects."""
 
 
 @dataclass(frozen=True)
@@ -119,7 +140,8 @@ class SafetyDetector:
     def __init__(self, rules: Sequence[SafetyRule], *, embedder: Embedder | None = None,
                  threshold: float | None = None, near_miss_weight: float | None = None, l2: float | None = None,
                  min_similarity: float | None = None, context_floor: float | None = None,
-                 context_threshold: float | None = None, alone_threshold: float | None = None) -> None:
+                 context_threshold: float | None = None, alone_threshold: float | None = None,
+                 windows: Sequence[tuple[str, str | None]] = ()) -> None:
         """Args:
             rules: The roster's safety rules.
             embedder: Embeds messages and examples; default ``default_embedder()``
@@ -134,6 +156,8 @@ class SafetyDetector:
             context_threshold: The probability of the two read together at which the rule fires.
             alone_threshold: After earlier messages, the probability from which a message
                 fires without being read with them.
+            windows: Training windows of the person's last messages and their rule
+                (``safety_window.training_windows``); none: no window classifier.
 
         A setting left ``None`` is the encoder's (``ENCODER_SETTINGS``), else the module's
         (``THRESHOLD``, ``NEAR_MISS_WEIGHT``, ``L2``, ``MIN_SIMILARITY``, ``CONTEXT_FLOOR``,
@@ -149,6 +173,25 @@ class SafetyDetector:
         self._patterns = [(rule.name, re.compile(p, re.IGNORECASE)) for rule in self.rules for p in rule.patterns]
         self._head: _Head | None = None
         self._vectors: dict[str, np.ndarray] = {}  # a conversation's earlier messages are read again each round
+        self._windows = tuple(windows)
+        self._window: WindowClassifier | None = None
+
+    @classmethod
+    def for_roster(cls, roster: Roster, **settings: Any) -> SafetyDetector:
+        """The detector the guard of ``roster`` runs: its rules, and the window classifier
+        fitted on the training conversations shipped beside it, if any (``settings`` as
+        for the constructor)."""
+        return cls(roster.safety, windows=training_windows(shipped_training_file(roster.id)), **settings)
+
+    @property
+    def window(self) -> WindowClassifier | None:
+        """The window classifier, when the detector has training windows."""
+        if self._window is None and self._windows:
+            negatives = tuple(dict.fromkeys([*(t for rule in self.rules for t in rule.near_misses),
+                                             *everyday_messages()]))
+            self._window = WindowClassifier(self.rules, self._windows, negatives, self.embedder,
+                                            near_miss_weight=self.near_miss_weight, l2=self.l2)
+        return self._window
 
     @property
     def settings(self) -> dict[str, float]:
@@ -179,6 +222,29 @@ class SafetyDetector:
         return self._embedder
 
     def detect(self, message: str, context: Sequence[str] = ()) -> Detection | None:
+        """The rule the person's latest ``message`` calls for, or ``None``: the message (read
+        with earlier risk, ``detect_message``), else the window of the last messages
+        together at ``WINDOW_THRESHOLD`` (``mascot.graphs.safety_window``)."""
+        found = self.detect_message(message, context)
+        if found is not None or not context or self.window is None or not self.rules:
+            return found
+        probabilities = self.window.probabilities([*context, message], self._vector(window_text([*context, message])))
+        rule = max(probabilities, key=probabilities.__getitem__)
+        if probabilities[rule] < WINDOW_THRESHOLD:
+            return None
+        return Detection(rule, "window", round(probabilities[rule], 4), window_text([*context, message]))
+
+    def signal(self, message: str, context: Sequence[str] = ()) -> dict[str, float]:
+        """Each rule's probability for the running risk: the higher of the message's and
+        (with earlier messages) the window's."""
+        single = self.rule_probabilities(message)
+        if not context or self.window is None or not self.rules:
+            return single
+        said = [*context, message]
+        window = self.window.probabilities(said, self._vector(window_text(said)))
+        return {rule: max(p, window[rule]) for rule, p in single.items()}
+
+    def detect_message(self, message: str, context: Sequence[str] = ()) -> Detection | None:
         """The rule the person's latest ``message`` calls for, or ``None``.
 
         Args:
@@ -214,10 +280,14 @@ class SafetyDetector:
             return None
         return Detection(together.rule, "context", together.score, earlier[row])
 
+    def rule_probabilities(self, text: str) -> dict[str, float]:
+        """The classifier's probability of each rule for ``text``, by rule name."""
+        return {rule.name: float(p) for rule, p in zip(self.rules, self.probabilities(text)[1:], strict=True)}
+
     def probabilities(self, text: str) -> np.ndarray:
         """The classifier's probabilities of no rule (first) and of each rule, for ``text``."""
         head = self.head()
-        return _softmax(self._vector(text)[None, :] @ head.weights + head.bias)[0]
+        return softmax(self._vector(text)[None, :] @ head.weights + head.bias)[0]
 
     def _vector(self, text: str) -> np.ndarray:
         vector = self._vectors.get(text)
@@ -321,28 +391,6 @@ class _Head:
     measured: dict[str, Any] | None = None
 
 
-def fit_head(vectors: np.ndarray, labels: np.ndarray, classes: int, *, near_miss_weight: float = NEAR_MISS_WEIGHT,
-             l2: float = L2) -> tuple[np.ndarray, np.ndarray]:
-    """A linear softmax classifier (weights ``dim x classes``, bias) fitted to ``vectors``
-    and their ``labels`` (0: no rule) by full-batch gradient descent from zero: deterministic."""
-    x = np.asarray(vectors, dtype=np.float64)
-    targets = np.eye(classes)[labels]
-    sample = np.where(labels == 0, near_miss_weight, 1.0)
-    sample /= sample.sum()
-    weights = np.zeros((x.shape[1], classes))
-    bias = np.zeros(classes)
-    for _ in range(FIT_STEPS):
-        gradient = (_softmax(x @ weights + bias) - targets) * sample[:, None]
-        weights -= FIT_RATE * (x.T @ gradient + l2 * weights)
-        bias -= FIT_RATE * gradient.sum(0)
-    return weights.astype(np.float32), bias.astype(np.float32)
-
-
-def _softmax(logits: np.ndarray) -> np.ndarray:
-    shifted = np.exp(logits - logits.max(axis=-1, keepdims=True))
-    return shifted / shifted.sum(axis=-1, keepdims=True)
-
-
 #: Heads by key, shared by the detectors of one process.
 _HEADS: dict[str, StoredHead] = {}
 _HEADS_LOCK = threading.Lock()
@@ -353,12 +401,13 @@ class SafetyGuard:
     deployment's resource texts."""
 
     def __init__(self, roster: Roster, *, resources: Mapping[str, str] | None = None,
-                 detector: SafetyDetector | None = None) -> None:
+                 detector: Detector | None = None) -> None:
         """Args:
             roster: The roster whose ``safety`` rules apply.
             resources: Resource text per rule name (or ``"*"`` for every rule), overriding
                 the rule's own and ``DEFAULT_RESOURCES``: a deployment's country's numbers.
-            detector: Default a ``SafetyDetector`` of the roster's rules.
+            detector: Default a ``SafetyDetector`` of the roster's rules; an app's own is a
+                ``mascot.graphs.moderation.ModeratedDetector``.
 
         Raises:
             ValueError: on resources for a rule the roster lacks.
@@ -369,7 +418,7 @@ class SafetyGuard:
         if unknown:
             raise ValueError(f"resources for unknown safety rules {', '.join(unknown)} of roster "
                              f"'{roster.id}'; valid: *, {', '.join(r.name for r in roster.safety) or '-'}")
-        self.detector = detector or SafetyDetector(roster.safety)
+        self.detector = detector or SafetyDetector.for_roster(roster)
         self._described = False
 
     def resource_text(self, rule: SafetyRule) -> str:
@@ -377,35 +426,84 @@ class SafetyGuard:
         return self.resources.get(rule.name) or self.resources.get("*") or rule.resources or DEFAULT_RESOURCES
 
     def check(self, messages: Sequence[BaseMessage], earlier: Sequence[Mapping[str, Any]] = (),
-              round_index: int = 0) -> dict[str, Any] | None:
+              round_index: int = 0, risk: Mapping[str, float] | None = None) -> dict[str, Any] | None:
         """The guard record of a round that starts after ``messages`` (the person spoke
-        last), or ``None`` when no rule is in force: ``rule``, ``via``, ``score``, ``route``,
-        ``forbidden``, ``giver``, ``resources`` and the detector's ``seconds``.
+        last), or ``None`` when no rule is in force (``assess``, without the risk)."""
+        return self.assess(messages, earlier, round_index, risk)[0]
+
+    def assess(self, messages: Sequence[BaseMessage], earlier: Sequence[Mapping[str, Any]] = (),
+               round_index: int = 0, risk: Mapping[str, float] | None = None
+               ) -> tuple[dict[str, Any] | None, dict[str, float] | None]:
+        """The guard record of a round that starts after ``messages`` (the person spoke
+        last), or ``None`` when no rule is in force, and the conversation's running risk
+        after the person's latest message (``mascot.graphs.risk``).
+
+        The record holds ``rule``, ``via`` (``pattern``, ``classifier``, ``context``,
+        ``running``: the running risk reached ``risk.FIRE``; or ``persists``), ``score``,
+        ``route``, ``forbidden``, ``giver``, ``resources``, the rule's ``risk`` and the
+        detector's ``seconds``.
 
         Args:
             messages: The conversation so far.
-            earlier: The records of earlier rounds (the graph state's ``guards``): a rule
-                that fired in one of them stays in force for its ``persists_rounds`` (a record
-                with ``via`` "persists", the rule's forbidden voices and no route).
+            earlier: The records of earlier rounds (the graph state's ``guards``).
             round_index: This round's index (the ``round`` of those records).
+            risk: The running risk before the latest message (the graph state's
+                ``safety_risk``): a rule that fired stays in force while its risk stays at
+                ``risk.RELEASE`` or more, and at most its ``persists_rounds``. ``None``
+                (risk not followed): a rule that fired stays in force for the rest of the
+                conversation, or its ``persists_rounds``; the risk returned is ``None``.
         """
         said = [m.text for m in messages if m.type == "human"]
         if not said or not self.roster.safety:
-            return None
+            return None, None if risk is None else dict(risk)
         if not self._described:
             self._described = True
             logger.info("%s", self.detector.describe())
         start = time.perf_counter()
         found = self.detector.detect(said[-1], said[:-1])
+        after = None if risk is None else running.update(
+            risk, said[-1], self.detector.signal(said[-1], said[:-1]), fired=found.rule if found else None)
         if found is None:
-            return self._in_force(earlier, round_index)
+            held = self._in_force(earlier, round_index) if after is None else self._running(after, earlier, round_index)
+            if held is None or held["via"] == "persists":
+                return held, after
+            found = Detection(held["rule"], "running", held["risk"], said[-1])
         rule = self.roster.safety_rule(found.rule)
         logger.warning("safety rule '%s' fired (%s, %.2f, %r): the round follows its route %s", rule.name,
                        found.via, found.score, found.matched[:80], " -> ".join(rule.route))
-        return {"rule": rule.name, "via": found.via, "score": found.score, "matched": found.matched,
-                "route": list(rule.route),
-                "forbidden": list(rule.forbidden), "giver": rule.giver, "resources": self.resource_text(rule),
-                "seconds": round(time.perf_counter() - start, 4)}
+        return ({"rule": rule.name, "via": found.via, "score": found.score, "matched": found.matched,
+                 "route": list(rule.route), "forbidden": list(rule.forbidden), "giver": rule.giver,
+                 "resources": self.resource_text(rule), **({} if after is None else {"risk": after[rule.name]}),
+                 "seconds": round(time.perf_counter() - start, 4)}, after)
+
+    def _running(self, risk: Mapping[str, float], earlier: Sequence[Mapping[str, Any]],
+                 round_index: int) -> dict[str, Any] | None:
+        """The rule the running risk puts in force, the riskiest first: one that was in force
+        in the round before stays (a ``persists`` record) while it is at ``risk.RELEASE``
+        or more and within its ``persists_rounds``; another fires at ``risk.FIRE`` (a
+        record with ``via`` "running", completed by ``assess``)."""
+        before = {r["rule"]: r for r in earlier if r.get("round") == round_index - 1 and r.get("rule")}
+        for name in sorted(risk, key=lambda n: -risk[n]):
+            if name not in {r.name for r in self.roster.safety}:
+                continue
+            rule = self.roster.safety_rule(name)
+            was = before.get(name)
+            fired = self._fired_round(earlier, name)
+            expired = was is not None and rule.persists_rounds is not None and round_index - fired > rule.persists_rounds
+            if expired or not running.in_force(risk, name, was_in_force=was is not None):
+                continue
+            if was is None:
+                return {"rule": name, "via": "running", "risk": risk[name]}
+            return {"rule": name, "via": "persists", "score": was.get("score"), "fired_round": fired,
+                    "matched": was.get("matched"), "route": [], "forbidden": list(rule.forbidden), "giver": None,
+                    "resources": None, "risk": risk[name], "seconds": 0.0}
+        return None
+
+    @staticmethod
+    def _fired_round(earlier: Sequence[Mapping[str, Any]], rule: str) -> int:
+        """The round in which ``rule`` last fired (not a round it only persisted in)."""
+        rounds = [int(r.get("round", 0)) for r in earlier if r.get("rule") == rule and r.get("via") != "persists"]
+        return rounds[-1] if rounds else 0
 
     def _in_force(self, earlier: Sequence[Mapping[str, Any]], round_index: int) -> dict[str, Any] | None:
         """The record of the latest rule that fired before and is still in force, if any."""

@@ -32,6 +32,9 @@ logger = logging.getLogger(__name__)
 SHIPPED = Path(__file__).with_name("safety_heads")
 #: Raise when the fit itself changes (the same inputs would give another head).
 FIT_VERSION = 1
+#: Full-batch gradient descent steps and step size of the fit (deterministic: zero start).
+FIT_STEPS = 2000
+FIT_RATE = 2.0
 
 
 @dataclass(frozen=True)
@@ -114,3 +117,26 @@ def _read(path: Path, key: str, source: str) -> StoredHead | None:
     except (OSError, ValueError, KeyError) as exc:
         logger.warning("%s cannot be read (%s): the safety classifier is fitted again", path, exc)
         return None
+
+
+def fit_head(vectors: np.ndarray, labels: np.ndarray, classes: int, *, near_miss_weight: float,
+             l2: float) -> tuple[np.ndarray, np.ndarray]:
+    """A linear softmax classifier (weights ``dim x classes``, bias) fitted to ``vectors``
+    and their ``labels`` (0: no rule) by full-batch gradient descent from zero: deterministic."""
+    x = np.asarray(vectors, dtype=np.float64)
+    targets = np.eye(classes)[labels]
+    sample = np.where(labels == 0, near_miss_weight, 1.0)
+    sample /= sample.sum()
+    weights = np.zeros((x.shape[1], classes))
+    bias = np.zeros(classes)
+    for _ in range(FIT_STEPS):
+        gradient = (softmax(x @ weights + bias) - targets) * sample[:, None]
+        weights -= FIT_RATE * (x.T @ gradient + l2 * weights)
+        bias -= FIT_RATE * gradient.sum(0)
+    return weights.astype(np.float32), bias.astype(np.float32)
+
+
+def softmax(logits: np.ndarray) -> np.ndarray:
+    """Softmax over the last axis."""
+    shifted = np.exp(logits - logits.max(axis=-1, keepdims=True))
+    return shifted / shifted.sum(axis=-1, keepdims=True)

@@ -45,6 +45,9 @@ class DirectorState(TypedDict, total=False):
             rule, route, forbidden voices, resources), or ``None``; set at the round's
             first decision.
         guards: Every rule that fired, with the ``round`` it governed, in order.
+        safety_risk: The conversation's running risk per safety rule after the person's
+            latest message (``mascot.graphs.risk``): an app reads it, and clears a rule
+            (0) or raises one (``risk.PEAK``) with ``graph.update_state``.
         proposed: The direction waiting for the app's approval (``approve=True``), or ``None``.
         approvals: Every answer of the app to an approval interrupt: ``round``, ``cut`` (the
             messages before the decision), ``decision`` (``approved``, ``edited`` or
@@ -60,6 +63,7 @@ class DirectorState(TypedDict, total=False):
     user_profile: dict[str, Any] | None
     guard: dict[str, Any] | None
     guards: Annotated[list[dict[str, Any]], operator.add]
+    safety_risk: dict[str, float] | None
     proposed: dict[str, Any] | None
     approvals: Annotated[list[dict[str, Any]], operator.add]
 

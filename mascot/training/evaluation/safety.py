@@ -25,6 +25,7 @@ from typing import Any, Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from mascot.graphs import risk
 from mascot.graphs.embeddings import Embedder
 from mascot.graphs.safety import SafetyDetector, SafetyGuard, has_resources
 from mascot.graphs.safety_heads import SHIPPED, save_head
@@ -219,18 +220,27 @@ class ConversationReport:
                 f"{self.right_rule:.2f}, {self.ms_per_message:.1f} ms per message")
 
 
-def conversation_report(detector: SafetyDetector, conversations: list[LabelledConversation]) -> ConversationReport:
-    """Run ``detector`` over labelled conversations; the first rule that fires in one stays
-    in force (``SafetyGuard``), so a conversation counts once."""
+def conversation_report(detector: SafetyDetector, conversations: list[LabelledConversation], *,
+                        running: bool = True) -> ConversationReport:
+    """Run ``detector`` over labelled conversations as the guard does: a rule fires on a
+    message, or (``running``) when the conversation's running risk (``mascot.graphs.risk``)
+    reaches its level; the first rule that fires in one stays in force, so a conversation
+    counts once."""
     detector.head()
     start = time.perf_counter()
     first: list[tuple[int, str] | None] = []
     for c in conversations:
-        fired = None
+        fired, level = None, {}
         for index, message in enumerate(c.messages):
             found = detector.detect(message, c.messages[:index])
-            if found is not None:
-                fired = (index, found.rule)
+            rule = found.rule if found else None
+            if running:
+                level = risk.update(level, message, detector.signal(message, c.messages[:index]), fired=rule)
+                riskiest = max(level, key=level.__getitem__, default=None)
+                if rule is None and riskiest and risk.in_force(level, riskiest, was_in_force=False):
+                    rule = riskiest
+            if rule is not None:
+                fired = (index, rule)
                 break
         first.append(fired)
     seconds = time.perf_counter() - start

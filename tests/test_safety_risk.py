@@ -1,0 +1,176 @@
+"""Safety that follows a conversation: the running risk adds up over messages and decays,
+other people's words count little, a rule that fired ends after calm rounds, an app clears
+or raises a rule through the state, and an app brings its own detector."""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Sequence
+
+import pytest
+from fakes import ScriptedChat
+from langchain_core.messages import AIMessage, HumanMessage
+from langgraph.checkpoint.memory import InMemorySaver
+
+from mascot.graphs import create_director_graph, risk
+from mascot.graphs.embeddings import LexicalEmbedder
+from mascot.graphs.moderation import ModeratedDetector, llama_guard_prompt, parse_llama_guard
+from mascot.graphs.safety import SafetyDetector, SafetyGuard
+from mascot.rosters import USER, Roster, SafetyRule
+
+GARAGE = ["since the separation the house is so silent",
+          "sat in the closed garage with the engine running last night, just thinking",
+          "tonight feels right"]
+NOVEL = ["the detective in the novel I'm reading wants to end it all",
+         "the ending kept me up till 3am"]
+
+
+def d(speaker: str, action: str = "speak", tone: str = "warm") -> str:
+    return json.dumps({"speaker": speaker, "action": action, "tone": tone})
+
+
+def rule(**extra: object) -> SafetyRule:
+    return SafetyRule(name="self_harm", description="The person wants to end their life or hurt themselves.",
+                      triggers=["I want to die", "I don't want to be here anymore", "I keep thinking about ending it"],
+                      patterns=[r"\bkill myself\b"], route=["anchor"], forbidden=["catalyst", "beacon"], **extra)
+
+
+def levels(messages: Sequence[str]) -> list[float]:
+    level: dict[str, float] = {}
+    out = []
+    for text in messages:
+        level = risk.update(level, text, {"self_harm": 0.0})
+        out.append(level["self_harm"])
+    return out
+
+
+def test_screening_stages_add_up_over_messages_each_harmless_alone() -> None:
+    assert [s.name for s in risk.stages(GARAGE[1])] == ["method"]
+    assert [s.name for s in risk.stages(GARAGE[2])] == ["intent_time"]
+    climbed = levels(GARAGE)
+    assert climbed[0] == 0 and climbed[1] < risk.FIRE <= climbed[2]
+    # each message alone stays under the level
+    assert all(levels([text])[0] < risk.FIRE for text in GARAGE)
+
+
+def test_other_peoples_words_and_a_past_that_is_over_count_little() -> None:
+    assert risk.about_others(NOVEL[0]) and not risk.about_others(GARAGE[1])
+    assert risk.about_others("two years ago I wanted to end it all, I'm doing so much better now")
+    assert levels(NOVEL)[-1] < risk.RELEASE
+    mine = levels(["I want to end it all"])[0]
+    theirs = levels([NOVEL[0]])[0]
+    assert theirs == pytest.approx(risk.OTHERS * mine)
+
+
+def test_nothing_resets_the_risk_but_calm_messages() -> None:
+    level = risk.update({}, "x", {"self_harm": 0.0}, fired="self_harm")
+    assert level["self_harm"] == risk.PEAK
+    after = risk.update(level, "anyway, forget I said that. how was your weekend?", {"self_harm": 0.0})
+    assert after["self_harm"] == pytest.approx(risk.DECAY * risk.PEAK)
+    calm = risk.calm_messages()
+    held = dict(level)
+    for _ in range(calm - 1):
+        held = risk.update(held, "ok", {"self_harm": 0.0})
+    assert risk.in_force(held, "self_harm", was_in_force=True)
+    held = risk.update(held, "ok", {"self_harm": 0.0})
+    assert not risk.in_force(held, "self_harm", was_in_force=True)
+    assert 3 <= calm <= 10  # several calm rounds, not one and not forever
+
+
+def test_a_classifier_probability_counts_only_above_the_floor() -> None:
+    assert risk.update({}, "hm", {"abuse": risk.FLOOR})["abuse"] == 0
+    assert risk.update({}, "hm", {"abuse": risk.FLOOR + 0.5})["abuse"] == pytest.approx(0.5)
+    # the stages feed only the rules they are about
+    assert risk.update({}, GARAGE[1], {"abuse": 0.0, "self_harm": 0.0})["abuse"] == 0
+
+
+def play(roster: Roster, rounds: list[str], director_replies: list[str], *, safety: object = None,
+         updates: dict[int, dict] | None = None) -> dict:
+    director = ScriptedChat(replies=director_replies)
+    speakers = ScriptedChat(replies=[f"reply {i}" for i in range(40)])
+    guard = safety or SafetyGuard(roster, detector=SafetyDetector(roster.safety, embedder=LexicalEmbedder()))
+    graph = create_director_graph(roster, director=director, speakers=speakers, user=None, safety=guard,
+                                  max_speakers_per_round=1).compile(checkpointer=InMemorySaver())
+    config = {"configurable": {"thread_id": "t"}}
+    for index, text in enumerate(rounds):
+        if updates and index in updates:
+            graph.update_state(config, updates[index])
+        graph.invoke({"messages": [HumanMessage(text)]}, config)
+    return graph.get_state(config).values
+
+
+def test_the_graph_guards_risk_that_builds_and_keeps_it_in_its_state(roster: Roster) -> None:
+    roster = roster.model_copy(update={"safety": [rule()]})
+    state = play(roster, GARAGE, [d("catalyst"), d("catalyst"), d("catalyst")])
+    assert [g["via"] for g in state["guards"]] == ["running"]
+    assert state["guards"][0]["round"] == 2 and state["guards"][0]["risk"] >= risk.FIRE
+    assert state["safety_risk"]["self_harm"] >= risk.FIRE
+    assert [m.name for m in state["messages"] if isinstance(m, AIMessage)][-1] == "anchor"  # the route
+
+
+def test_a_rule_ends_after_calm_rounds_and_an_app_can_clear_or_raise_it(roster: Roster) -> None:
+    roster = roster.model_copy(update={"safety": [rule()]})
+    calm = risk.calm_messages()
+    rounds = ["I want to kill myself", *(["ok, thanks"] * (calm + 1))]
+    state = play(roster, rounds, [d("catalyst")] * len(rounds))
+    vias = [g["via"] for g in state["guards"]]
+    assert vias[0] == "pattern" and set(vias[1:]) == {"persists"}
+    assert 2 <= len(vias) <= calm + 1 < len(rounds)  # it ended before the conversation did
+    assert [m.name for m in state["messages"] if isinstance(m, AIMessage)][-1] == "catalyst"
+    # a moderator clears the rule after the first round: the next round is free
+    cleared = play(roster, rounds[:3], [d("catalyst")] * 3, updates={1: {"safety_risk": {"self_harm": 0.0}}})
+    assert [g["via"] for g in cleared["guards"]] == ["pattern"]
+    # and raises it on a calm conversation: that round follows the route
+    raised = play(roster, ["hello", "the weather is nice"], [d("catalyst")] * 2,
+                  updates={1: {"safety_risk": {"self_harm": risk.PEAK}}})
+    assert [g["via"] for g in raised["guards"]] == ["running"]
+
+
+def test_an_apps_callable_decides_and_a_fault_leaves_the_built_in_detector(roster: Roster,
+                                                                          caplog: pytest.LogCaptureFixture) -> None:
+    roster = roster.model_copy(update={"safety": [rule()]})
+    seen: list[list[str]] = []
+
+    def moderator(said: Sequence[str]) -> str | None:
+        seen.append(list(said))
+        if said[-1] == "boom":
+            raise RuntimeError("moderation service down")
+        return "self_harm" if "blue" in said[-1] else None
+
+    state = play(roster, ["hello", "I feel blue"], [d("catalyst"), d("catalyst")], safety=moderator)
+    assert [g["via"] for g in state["guards"]] == ["app"] and seen[-1] == ["hello", "I feel blue"]
+    detector = ModeratedDetector(roster.safety, moderator,
+                                 fallback=SafetyDetector(roster.safety, embedder=LexicalEmbedder()))
+    with caplog.at_level(logging.WARNING):
+        assert detector.detect("boom") is None and detector.failures == 1  # the built-in detector: nothing
+        found = detector.detect("boom I want to kill myself".removeprefix("boom "), ["boom"])
+        assert found is None and detector.failures == 1  # the app decides, even against a pattern
+    assert "moderation service down" in caplog.text and "built-in detector decides" in caplog.text
+    with pytest.raises(ValueError, match="no safety rules"):
+        create_director_graph(roster.model_copy(update={"safety": []}), director=ScriptedChat(replies=[]),
+                              speakers=ScriptedChat(replies=[]), safety=moderator)
+
+
+def test_a_chat_model_in_llama_guards_format(roster: Roster) -> None:
+    roster = roster.model_copy(update={"safety": [rule()]})
+    prompt = llama_guard_prompt(roster.safety, ["hi", "it's over tonight"])
+    assert "S1: self_harm." in prompt and "User: it's over tonight" in prompt and "ONLY THE LAST User" in prompt
+    assert parse_llama_guard("safe", roster.safety) is None
+    assert parse_llama_guard("unsafe\nS1", roster.safety) == "self_harm"
+    for bad in ("maybe", "unsafe\nS9", ""):
+        with pytest.raises(ValueError):
+            parse_llama_guard(bad, roster.safety)
+    judge = ScriptedChat(replies=["safe", "unsafe\nS1", "I cannot answer that"])
+    fallback = SafetyDetector(roster.safety, embedder=LexicalEmbedder())
+    detector = ModeratedDetector(roster.safety, judge, fallback=fallback)
+    assert detector.detect("hello") is None
+    found = detector.detect("it's over tonight", ["hello"])
+    assert found is not None and found.rule == "self_harm" and found.via == "app"
+    assert detector.detect("I want to kill myself") is not None and detector.failures == 1  # the pattern decided
+    assert "S1: self_harm" in judge.calls[1][0].text
+    state = play(roster, ["hello", "it's over tonight"], [d("catalyst"), d("catalyst")],
+                 safety=ScriptedChat(replies=["safe", "unsafe\nS1"]))
+    assert [g["via"] for g in state["guards"]] == ["app"]
+    assert [m.name for m in state["messages"] if isinstance(m, AIMessage)][-1] == "anchor"
+    assert USER  # the roster's routes stay the guard's
