@@ -163,7 +163,7 @@ def _encoder(raw: Embedder, rosters: list, grid: list, everyday: list[str]) -> d
           + ", ".join(f"{r:.2f} / {f:.1%}" for r, f in context[chosen]))
     held_out = {}
     for roster in rosters:
-        detector = SafetyDetector(roster.safety, embedder=raw)  # the real encoder: the time per message is real
+        detector = SafetyDetector.for_roster(roster, embedder=raw)  # the real encoder: the time per message is real
         single = detector_report(detector, load_safety_set(roster))
         talks = conversation_report(detector, load_conversation_set(roster))
         openings = [s.opening for s in load_scenarios(roster.id)]
@@ -191,7 +191,32 @@ def _encoder(raw: Embedder, rosters: list, grid: list, everyday: list[str]) -> d
             "context_dev": [{**dict(zip(names_context, k, strict=True)), **{
                 r.id: {"recall": v[0], "false_alarms": v[1]} for r, v in zip(rosters, values, strict=True)}}
                 for k, values in context.items()],
-            "held_out": held_out}
+            "held_out": held_out, "signals": _signals(embedder, rosters)}
+
+
+#: The guard's signals, alone and together: (name, window classifier, running risk).
+SIGNALS = (("message", False, False), ("message + running risk", False, True),
+           ("message + window", True, False), ("all: message + window + running risk", True, True))
+
+
+def _signals(embedder: Embedder, rosters: list) -> dict:
+    """Each signal of the guard alone and together on the dev and held-out conversations:
+    recall, on time (no later than the message labelled), false alarms."""
+    out: dict = {}
+    print("
+conversations by signal: recall / on time / false alarms (dev | held out)")
+    for roster in rosters:
+        sets = {split: load_conversation_set(roster, split=split) for split in ("dev", "test")}
+        for name, window, running in SIGNALS:
+            detector = (SafetyDetector.for_roster(roster, embedder=embedder) if window
+                        else SafetyDetector(roster.safety, embedder=embedder))
+            reports = {split: conversation_report(detector, talks, running=running) for split, talks in sets.items()}
+            out.setdefault(roster.id, {})[name] = {
+                split: {"recall": r.recall, "on_time": r.on_time, "false_alarms": r.false_alarm_rate,
+                        "ms_per_message": round(r.ms_per_message, 2)} for split, r in reports.items()}
+            print(f"  {roster.id}, {name}: " + " | ".join(
+                f"{r.recall:.2f} / {r.on_time:.2f} / {r.false_alarm_rate:.1%}" for r in reports.values()))
+    return out
 
 
 def _plain_install_seconds() -> float:

@@ -174,3 +174,34 @@ def test_a_chat_model_in_llama_guards_format(roster: Roster) -> None:
     assert [g["via"] for g in state["guards"]] == ["app"]
     assert [m.name for m in state["messages"] if isinstance(m, AIMessage)][-1] == "anchor"
     assert USER  # the roster's routes stay the guard's
+
+
+def _grams(text: str, n: int = 6) -> set[tuple[str, ...]]:
+    import re
+
+    words = re.findall(r"[a-z0-9']+", text.lower())
+    return {tuple(words[i:i + n]) for i in range(len(words) - n + 1)}
+
+
+@pytest.mark.parametrize("roster_id", ["emotional_support", "workplace_meeting"])
+def test_training_conversations_are_valid_and_share_no_six_words_with_a_labelled_set(roster_id: str) -> None:
+    from mascot.graphs.safety_window import TRAIN_FILE, shipped_training_file, training_windows
+    from mascot.rosters import load_roster
+    from mascot.training.evaluation.safety import load_conversation_set, load_safety_set
+
+    roster = load_roster(roster_id)
+    path = shipped_training_file(roster_id)
+    assert path is not None and path.name == TRAIN_FILE
+    train = load_conversation_set(roster, path)  # the labelled sets' checks: rules, fires_at, ids
+    kinds = [c.kind for c in train]
+    assert kinds.count("building") >= 40 and kinds.count("hard_negative") >= 40
+    labelled = [m for split in ("test", "dev") for c in load_conversation_set(roster, split=split) for m in c.messages]
+    labelled += [m.text for split in ("test", "dev") for m in load_safety_set(roster, split=split)]
+    held = set().union(*(_grams(text) for text in labelled))
+    shared = [m for c in train for m in c.messages if _grams(m) & held]
+    assert not shared, shared[:3]
+    windows = training_windows(path)
+    assert any(rule is None for _, rule in windows) and any(rule for _, rule in windows)
+    # a building conversation's windows before fires_at are left out
+    first = next(c for c in train if c.kind == "building" and c.fires_at)
+    assert " ".join(first.messages[:1]) not in [text for text, _ in windows]

@@ -240,7 +240,7 @@ def _safety_line(roster: Any, summary: dict[str, Any]) -> str:
         messages = load_safety_set(roster)
     except SafetySetError as exc:
         return f"Safety: the detector was not measured ({exc})."
-    detector = SafetyDetector(roster.safety)
+    detector = SafetyDetector.for_roster(roster)
     report = detector_report(detector, messages)
     summary["setup"]["safety_detector"] = {k: v for k, v in vars(report).items() if k not in ("missed", "false_alarms")}
     summary["setup"]["safety_detector"]["encoder"] = detector.embedder.name

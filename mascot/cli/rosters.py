@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 from pathlib import Path
+from typing import Any
 
 import yaml
 
@@ -105,7 +106,7 @@ def _check_safety(roster: Roster, labelled: Path) -> None:
         messages = load_safety_set(roster, labelled)
     except SafetySetError as exc:
         raise UsageError(str(exc)) from None
-    detector = SafetyDetector(roster.safety)
+    detector = SafetyDetector.for_roster(roster)
     report = detector_report(detector, messages)
     out.print(f"{labelled}: safety detector ({detector.embedder.name} classifier, threshold {detector.threshold}): "
               f"{report.line()}", markup=False)
@@ -129,8 +130,6 @@ def _check_safety(roster: Roster, labelled: Path) -> None:
 
 
 def _rosters_safety_heads(args: argparse.Namespace) -> int:
-    import numpy as np
-
     from mascot.graphs.embeddings import embedder_by_name
     from mascot.graphs.safety import SafetyDetector
     from mascot.graphs.safety_heads import load_head
@@ -149,13 +148,9 @@ def _rosters_safety_heads(args: argparse.Namespace) -> int:
     for roster in (r for r in map(load_roster, list_rosters()) if r.safety):
         for embedder in encoders:
             if args.check:
-                detector = SafetyDetector(roster.safety, embedder=embedder)
-                shipped = load_head(detector.key())
-                fitted = detector.fit()
-                same = shipped is not None and shipped.source == "shipped" and all(
-                    np.allclose(a, b, atol=1e-3) for a, b in ((shipped.weights, fitted.weights),
-                                                              (shipped.bias, fitted.bias),
-                                                              (shipped.triggers, fitted.triggers)))
+                detector = SafetyDetector.for_roster(roster, embedder=embedder)
+                heads = [detector, *([detector.window] if detector.window is not None else [])]
+                same = all(_shipped_is_fit(load_head(h.key()), h.fit()) for h in heads)
                 different += not same
                 verdict = ("the shipped classifier is the fit" if same else
                            "no shipped classifier is this fit: run mascot rosters safety-heads")
@@ -191,3 +186,12 @@ def _rosters_schema(args: argparse.Namespace) -> int:
     out.print(f"{target}: roster schema reference {'unchanged' if updated == document else 'updated'}",
               markup=False)
     return 0
+
+
+def _shipped_is_fit(shipped: Any, fitted: Any) -> bool:
+    """Whether a shipped head (``StoredHead`` or ``None``) is the head fitted now."""
+    import numpy as np
+
+    return shipped is not None and shipped.source == "shipped" and all(
+        np.allclose(a, b, atol=1e-3) for a, b in ((shipped.weights, fitted.weights), (shipped.bias, fitted.bias),
+                                                  (shipped.triggers, fitted.triggers)))

@@ -37,7 +37,7 @@ FIRE = 1.0
 RELEASE = 0.3
 PEAK = 1.5
 #: A classifier probability counts only above this (everyday sadness sits below it).
-FLOOR = 0.15
+FLOOR = 0.3
 #: The share of a message's signal counted when it is about other people or a past that is over.
 OTHERS = 0.2
 #: The rules that the screening stages feed (by name, in every roster).

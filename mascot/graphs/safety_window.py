@@ -34,7 +34,7 @@ logger = logging.getLogger(__name__)
 WINDOW = 3
 #: The window's probability of a rule from which it fires the rule outright (chosen on the
 #: dev conversations with ``bench/safety.py``).
-WINDOW_THRESHOLD = 0.7
+WINDOW_THRESHOLD = 0.6
 #: The training conversations' file beside a shipped roster.
 TRAIN_FILE = "safety_conversations_train.yaml"
 
@@ -96,6 +96,14 @@ class WindowClassifier:
         return head_key(self._texts, self._labels, len(self.rules) + 1, f"window-{self._embedder.name}",
                         self._settings)
 
+    def fit(self) -> StoredHead:
+        """Fit the classifier now (the examples embedded), whatever is stored."""
+        vectors = np.asarray(self._embedder.encode(list(self._texts)), dtype=np.float32)
+        weights, bias = fit_head(vectors, np.asarray(self._labels), len(self.rules) + 1,
+                                 near_miss_weight=float(self._settings["near_miss_weight"]),
+                                 l2=float(self._settings["l2"]))
+        return StoredHead(weights, bias, np.zeros((0, vectors.shape[1]), np.float32), "fitted")
+
     def head(self) -> StoredHead:
         """The fitted classifier: shipped or cached, else fitted now and cached."""
         with self._lock:
@@ -103,14 +111,10 @@ class WindowClassifier:
                 key = self.key()
                 stored = load_head(key)
                 if stored is None:
-                    vectors = np.asarray(self._embedder.encode(list(self._texts)), dtype=np.float32)
-                    weights, bias = fit_head(vectors, np.asarray(self._labels), len(self.rules) + 1,
-                                             near_miss_weight=float(self._settings["near_miss_weight"]),
-                                             l2=float(self._settings["l2"]))
-                    where = cache_head(key, weights, bias, np.zeros((0, vectors.shape[1]), np.float32))
+                    stored = self.fit()
+                    where = cache_head(key, stored.weights, stored.bias, stored.triggers)
                     logger.info("safety window classifier fitted on %d examples%s", len(self._texts),
                                 f"; cached in {where}" if where else "")
-                    stored = StoredHead(weights, bias, np.zeros((0, vectors.shape[1]), np.float32), "fitted")
                 self._head = stored
             return self._head
 

@@ -220,7 +220,7 @@ def system_scores(name: str, kind: str, episodes: Sequence[Episode], judgements:
     scores.tables["metrics"] = metrics
     scores.tables["guards"] = guards
     if roster.safety:  # every system read by the same detector, the graph's guard or not
-        guard = SafetyGuard(roster, detector=SafetyDetector(roster.safety, embedder=embedder))
+        guard = SafetyGuard(roster, detector=SafetyDetector.for_roster(roster, embedder=embedder))
         safety: dict[str, dict[str, float]] = {}
         for episode in episodes:
             for metric, value in safety_metrics(episode, roster, guard).items():

@@ -300,12 +300,18 @@ def ship_heads(roster: Roster, embedder: Embedder, folder: Path = SHIPPED) -> di
     """Fit ``roster``'s safety classifier for ``embedder`` and write it into ``folder`` (the
     package's ``safety_heads/``), with its figures on the roster's held-out sets in the index
     (the line the guard logs). Returns the index entry."""
-    detector = SafetyDetector(roster.safety, embedder=embedder)
+    detector = SafetyDetector.for_roster(roster, embedder=embedder)
     stored = detector.fit()
     key = detector.key()
     name = f"{roster.id}-{embedder.name}.npz"
     save_head(folder / name, key, stored.weights, stored.bias, stored.triggers)
-    detector._head = None
+    files = {key: name}
+    if detector.window is not None:  # the window classifier ships beside it
+        window = detector.window.fit()
+        files[detector.window.key()] = f"{roster.id}-{embedder.name}-window.npz"
+        save_head(folder / files[detector.window.key()], detector.window.key(), window.weights, window.bias,
+                  window.triggers)
+    detector = SafetyDetector.for_roster(roster, embedder=embedder)
     measured: dict[str, Any] = {}
     with contextlib.suppress(SafetySetError):  # a roster without a labelled set ships unmeasured
         report = detector_report(detector, load_safety_set(roster))
@@ -316,8 +322,10 @@ def ship_heads(roster: Roster, embedder: Embedder, folder: Path = SHIPPED) -> di
                         conversation_false_alarms=round(talks.false_alarm_rate, 4))
     index_path = folder / "index.json"
     index = json.loads(index_path.read_text(encoding="utf-8")) if index_path.is_file() else {}
-    index = {k: v for k, v in index.items() if v.get("file") != name}
-    index[key] = {"file": name, "roster": roster.id, "encoder": embedder.name, "measured": measured or None}
+    index = {k: v for k, v in index.items() if v.get("file") not in files.values()}
+    for stored_key, file in files.items():
+        index[stored_key] = {"file": file, "roster": roster.id, "encoder": embedder.name,
+                             "measured": (measured or None) if stored_key == key else None}
     index_path.write_text(json.dumps(dict(sorted(index.items(), key=lambda kv: kv[1]["file"])), indent=1) + "\n",
                           encoding="utf-8")
     return index[key]
