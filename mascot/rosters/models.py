@@ -168,10 +168,11 @@ class SafetyRule(_Strict):
     resources_by: str | None = Field(default=None, description="The persona id of the route that gives the "
                                                               "resources; default the route's last voice.")
     persists_rounds: int | None = Field(default=None, ge=0, le=1000,
-                                        description="Rounds after the one it fired in during which the rule stays in "
-                                                    "force: its `forbidden` voices stay out and the Director reads why "
-                                                    "(the route and the resources are for the round it fired in); "
-                                                    "default: the rest of the conversation; 0: that round only.")
+                                        description="The most rounds after the one it fired in during which the rule "
+                                                    "stays in force: its `forbidden` voices stay out and the Director "
+                                                    "reads why (the route and the resources are for the round it fired "
+                                                    "in); default: while the conversation's running risk stays up "
+                                                    "(several calm rounds); 0: that round only.")
     resources: str | None = Field(default=None, min_length=10, max_length=_MAX_TEXT,
                                   description="The resource text that voice must give; default a text that says to "
                                               "call the local emergency number or a crisis line (a deployment may "

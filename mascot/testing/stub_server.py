@@ -90,6 +90,11 @@ class StubConfig:
 
 #: How mascot's rubric judge prompt starts; such requests get rubric scores.
 _JUDGE_OPENING = "You are a strict, impartial judge"
+#: A moderation request in Llama Guard's format (``mascot.graphs.moderation``): the stub
+#: answers ``unsafe`` and the first category when the last person message has one of
+#: ``_UNSAFE_WORDS``, else ``safe``.
+_MODERATION_OPENING = "Task: Check if there is unsafe content"
+_UNSAFE_WORDS = ("end it", "kill", "die", "hurt")
 _EXAMPLE_SCORES = re.compile(r'"scores": (\{[^{}]*\})')
 
 
@@ -104,6 +109,13 @@ def _judgement(body: dict[str, Any], target: str, leak: str) -> str:
     digest = hashlib.sha256(target.encode()).digest()
     scores = {criterion: 1 + digest[i % len(digest)] % 5 for i, criterion in enumerate(criteria)}
     return json.dumps({"rationale": "stub judgement" + leak, "scores": scores})
+
+
+def _moderation(prompt: str) -> str:
+    """The stub moderator's answer to a Llama Guard prompt."""
+    said = [line[len("User: "):] for line in prompt.splitlines() if line.startswith("User: ")]
+    unsafe = bool(said) and any(word in said[-1].lower() for word in _UNSAFE_WORDS)
+    return "unsafe\nS1" if unsafe else "safe"
 
 
 def _allowed_speakers(body: dict[str, Any], system: str) -> list[str]:
@@ -137,6 +149,9 @@ class _Stub:
         system = [_text(m.get("content")) for m in messages if m.get("role") == "system"]
         if system and system[0].startswith(_JUDGE_OPENING):
             return _judgement(body, _text(messages[-1].get("content")), leak)
+        last = _text(messages[-1].get("content")) if messages else ""
+        if last.startswith(_MODERATION_OPENING):
+            return _moderation(last)
         if "response_format" in body or (system and system[0].startswith("You are the Director")):
             ids = _allowed_speakers(body, "\n".join(system))
             speaker = ids[n % len(ids)] if ids else "user"
