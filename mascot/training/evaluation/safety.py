@@ -323,9 +323,9 @@ def ship_heads(roster: Roster, embedder: Embedder, folder: Path = SHIPPED) -> di
     index_path = folder / "index.json"
     index = json.loads(index_path.read_text(encoding="utf-8")) if index_path.is_file() else {}
     index = {k: v for k, v in index.items() if v.get("file") not in files.values()}
-    for stored_key, file in files.items():
+    for stored_key, file in files.items():  # the figures are the guard's: both classifiers together
         index[stored_key] = {"file": file, "roster": roster.id, "encoder": embedder.name,
-                             "measured": (measured or None) if stored_key == key else None}
+                             "classifier": "message" if stored_key == key else "window", "measured": measured or None}
     index_path.write_text(json.dumps(dict(sorted(index.items(), key=lambda kv: kv[1]["file"])), indent=1) + "\n",
                           encoding="utf-8")
     return index[key]
