@@ -75,7 +75,12 @@ def main() -> int:
     parser.add_argument("--similarities", default="0,0.4,0.45,0.5,0.55",
                         help="cosine similarities to a trigger of the rule to require")
     parser.add_argument("--out", default=str(Path(__file__).parent / "results"), help="folder for safety.json/.png")
+    parser.add_argument("--signals-only", action="store_true",
+                        help="only each signal alone and together on the conversations (no sweep), written into "
+                             "the encoders' entries of an existing safety.json")
     args = parser.parse_args()
+    if args.signals_only:
+        return _signals_only(args)
     grid = list(itertools.product(*(sorted(float(x) for x in value.split(","))
                                     for value in (args.l2, args.weights, args.thresholds, args.similarities))))
     everyday = read_yaml(EVERYDAY)["messages"]
@@ -194,6 +199,25 @@ def _encoder(raw: Embedder, rosters: list, grid: list, everyday: list[str]) -> d
             "held_out": held_out, "signals": _signals(embedder, rosters)}
 
 
+def _signals_only(args: argparse.Namespace) -> int:
+    """``--signals-only``: the signals of each encoder, merged into the existing record."""
+    path = Path(args.out) / "safety.json"
+    record = json.loads(path.read_text(encoding="utf-8")) if path.is_file() else {"encoders": {}}
+    rosters = [r for r in map(load_roster, list_rosters()) if r.safety and safety_set_path(r, "dev").is_file()]
+    for name in (n for n in args.encoders.split(",") if n):
+        try:
+            raw = embedder_by_name(name)
+        except ValueError as exc:
+            print(f"\n{name}: skipped ({exc})")
+            continue
+        print(f"\n=== encoder {name}")
+        record["encoders"].setdefault(name, {})["signals"] = _signals(_Cached(raw), rosters)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(record, indent=1) + "\n", encoding="utf-8")
+    print(f"wrote {path}")
+    return 0
+
+
 #: The guard's signals, alone and together: (name, window classifier, running risk).
 SIGNALS = (("message", False, False), ("message + running risk", False, True),
            ("message + window", True, False), ("all: message + window + running risk", True, True))
@@ -203,8 +227,7 @@ def _signals(embedder: Embedder, rosters: list) -> dict:
     """Each signal of the guard alone and together on the dev and held-out conversations:
     recall, on time (no later than the message labelled), false alarms."""
     out: dict = {}
-    print("
-conversations by signal: recall / on time / false alarms (dev | held out)")
+    print("\nconversations by signal: recall / on time / false alarms (dev | held out)")
     for roster in rosters:
         sets = {split: load_conversation_set(roster, split=split) for split in ("dev", "test")}
         for name, window, running in SIGNALS:
