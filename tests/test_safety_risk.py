@@ -205,3 +205,36 @@ def test_training_conversations_are_valid_and_share_no_six_words_with_a_labelled
     # a building conversation's windows before fires_at are left out
     first = next(c for c in train if c.kind == "building" and c.fires_at)
     assert " ".join(first.messages[:1]) not in [text for text, _ in windows]
+
+
+def test_a_second_opinion_is_asked_only_where_the_risk_is_unsure_and_a_bad_answer_changes_nothing(
+        roster: Roster, caplog: pytest.LogCaptureFixture) -> None:
+    from mascot.graphs.moderation import SecondOpinion, parse_second_opinion
+
+    roster = roster.model_copy(update={"safety": [rule()]})
+    assert parse_second_opinion('{"rule": "self_harm"}', roster.safety) == "self_harm"
+    assert parse_second_opinion('```json\n{"rule": null}\n```', roster.safety) is None
+    for bad in ('{"rule": "panic"}', "self_harm", '{"rule": null, "why": "x"}', "[]"):
+        with pytest.raises(ValueError):
+            parse_second_opinion(bad, roster.safety)
+
+    def guard(replies: list[str]) -> tuple[SafetyGuard, SecondOpinion]:
+        opinion = SecondOpinion(roster.safety, ScriptedChat(replies=replies))
+        detector = SafetyDetector(roster.safety, embedder=LexicalEmbedder())
+        return SafetyGuard(roster, detector=detector, second_opinion=opinion), opinion
+
+    # a method alone: unsure (ASK <= risk < FIRE): asked, and the rule it names fires
+    unsure = [HumanMessage(GARAGE[1])]
+    assert risk.ASK <= levels([GARAGE[1]])[0] < risk.FIRE
+    sure, opinion = guard(['{"rule": "self_harm"}'])
+    record, level = sure.assess(unsure, [], 0, {})
+    assert record is not None and record["via"] == "second_opinion" and level["self_harm"] == risk.PEAK
+    assert opinion.calls == 1 and "closed garage" in opinion.model.calls[0][0].text
+    # a calm message: not asked
+    calm, opinion = guard(['{"rule": "self_harm"}'])
+    assert calm.assess([HumanMessage("the weather is nice today")], [], 0, {})[0] is None and opinion.calls == 0
+    # a malformed answer or a fault: the running risk's decision stands, logged
+    broken, opinion = guard(["I think so, yes"])
+    with caplog.at_level(logging.WARNING):
+        assert broken.assess(unsure, [], 0, {})[0] is None
+    assert opinion.failures == 1 and "second opinion failed" in caplog.text

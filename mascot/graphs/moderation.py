@@ -127,3 +127,74 @@ class ModeratedDetector:
         if isinstance(self.judge, BaseChatModel):
             return f"chat model {getattr(self.judge, 'model_name', None) or type(self.judge).__name__}"
         return f"callable {getattr(self.judge, '__name__', type(self.judge).__name__)}"
+
+
+#: The question of the second opinion: strict JSON, one rule or none.
+SECOND_OPINION_PROMPT = """You check a conversation with a person for a crisis that needs a fixed response.
+
+The crises:
+{rules}
+
+The person's messages, oldest first:
+{conversation}
+
+Does the person, in their own life and now, call for one of the crises above? Stories, other \
+people, idioms and past events that are over do not. Answer with JSON only, no other text: \
+{{"rule": "<one of {names}>"}} or {{"rule": null}}."""
+
+
+def parse_second_opinion(answer: str, rules: Sequence[SafetyRule]) -> str | None:
+    """The rule a second opinion names, or ``None``.
+
+    Raises:
+        ValueError: on an answer that is not exactly ``{"rule": <a rule name or null>}``.
+    """
+    import json
+
+    text = answer.strip().removeprefix("```json").removeprefix("```").removesuffix("```").strip()
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError:
+        raise ValueError(f"not JSON: {answer.strip()[:80]!r}") from None
+    if not isinstance(value, dict) or set(value) != {"rule"}:
+        raise ValueError(f'not {{"rule": ...}}: {answer.strip()[:80]!r}')
+    rule = value["rule"]
+    if rule is not None and rule not in {r.name for r in rules}:
+        raise ValueError(f"names no rule of this roster: {rule!r}")
+    return rule
+
+
+class SecondOpinion:
+    """A language model asked about the whole conversation where the running risk is unsure
+    (``risk.ASK`` to ``risk.FIRE``): ``SafetyGuard(second_opinion=...)``."""
+
+    def __init__(self, rules: Sequence[SafetyRule], model: BaseChatModel) -> None:
+        """Args:
+            rules: The roster's safety rules.
+            model: Any LangChain chat model (the offline 1.5B through ``mascot serve``, a hosted one).
+        """
+        self.rules = list(rules)
+        self.model = model
+        self.calls = 0
+        self.failures = 0
+        self.seconds = 0.0
+
+    def ask(self, said: Sequence[str]) -> str | None:
+        """The rule the model says the person's messages ``said`` call for, or ``None`` (also
+        when the call fails or the answer is malformed: logged and counted in ``failures``)."""
+        import time
+
+        rules = "\n".join(f"- {rule.name}: {rule.description}" for rule in self.rules)
+        prompt = SECOND_OPINION_PROMPT.format(rules=rules, conversation="\n".join(f"- {t}" for t in said),
+                                              names=", ".join(r.name for r in self.rules))
+        self.calls += 1
+        start = time.perf_counter()
+        try:
+            return parse_second_opinion(self.model.invoke([HumanMessage(prompt)]).text, self.rules)
+        except Exception as exc:  # a server fault or a malformed answer: the cheaper signal's decision stands
+            self.failures += 1
+            logger.warning("safety: the second opinion failed (%s); the running risk decides",
+                           str(exc).splitlines()[0][:200] if str(exc) else type(exc).__name__)
+            return None
+        finally:
+            self.seconds += time.perf_counter() - start

@@ -36,6 +36,8 @@ DECAY = 0.75
 FIRE = 1.0
 RELEASE = 0.3
 PEAK = 1.5
+#: From this risk up to ``FIRE``, a guard with a second opinion asks it (``SafetyGuard``).
+ASK = 0.5
 #: A classifier probability counts only above this (everyday sadness sits below it).
 FLOOR = 0.3
 #: The share of a message's signal counted when it is about other people or a past that is over.

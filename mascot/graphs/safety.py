@@ -100,6 +100,13 @@ def everyday_messages() -> tuple[str, ...]:
     return tuple(str(m) for m in read_yaml(EVERYDAY_FILE)["messages"])  # type: ignore[index]
 
 
+class Opinion(Protocol):
+    """What the guard asks of a second opinion (``mascot.graphs.moderation.SecondOpinion``)."""
+
+    def ask(self, said: Sequence[str]) -> str | None:
+        """The rule the person's messages call for, or ``None``."""
+
+
 class Detector(Protocol):
     """What the guard asks of a detector: ``SafetyDetector``, or an app's own
     (``mascot.graphs.moderation.ModeratedDetector``)."""
@@ -401,13 +408,16 @@ class SafetyGuard:
     deployment's resource texts."""
 
     def __init__(self, roster: Roster, *, resources: Mapping[str, str] | None = None,
-                 detector: Detector | None = None) -> None:
+                 detector: Detector | None = None, second_opinion: Opinion | None = None) -> None:
         """Args:
             roster: The roster whose ``safety`` rules apply.
             resources: Resource text per rule name (or ``"*"`` for every rule), overriding
                 the rule's own and ``DEFAULT_RESOURCES``: a deployment's country's numbers.
             detector: Default a ``SafetyDetector`` of the roster's rules; an app's own is a
                 ``mascot.graphs.moderation.ModeratedDetector``.
+            second_opinion: Asked about the whole conversation where no rule fired and a
+                rule's running risk is from ``risk.ASK`` to ``risk.FIRE``
+                (``mascot.graphs.moderation.SecondOpinion``); a rule it names fires.
 
         Raises:
             ValueError: on resources for a rule the roster lacks.
@@ -419,6 +429,7 @@ class SafetyGuard:
             raise ValueError(f"resources for unknown safety rules {', '.join(unknown)} of roster "
                              f"'{roster.id}'; valid: *, {', '.join(r.name for r in roster.safety) or '-'}")
         self.detector = detector or SafetyDetector.for_roster(roster)
+        self.second_opinion = second_opinion
         self._described = False
 
     def resource_text(self, rule: SafetyRule) -> str:
@@ -439,7 +450,7 @@ class SafetyGuard:
         after the person's latest message (``mascot.graphs.risk``).
 
         The record holds ``rule``, ``via`` (``pattern``, ``classifier``, ``context``,
-        ``running``: the running risk reached ``risk.FIRE``; or ``persists``), ``score``,
+        ``running``: the running risk reached ``risk.FIRE``; ``second_opinion``; or ``persists``), ``score``,
         ``route``, ``forbidden``, ``giver``, ``resources``, the rule's ``risk`` and the
         detector's ``seconds``.
 
@@ -465,9 +476,15 @@ class SafetyGuard:
             risk, said[-1], self.detector.signal(said[-1], said[:-1]), fired=found.rule if found else None)
         if found is None:
             held = self._in_force(earlier, round_index) if after is None else self._running(after, earlier, round_index)
+            if held is None and after is not None and self.second_opinion is not None:
+                unsure = [r for r, v in after.items() if running.ASK <= v < running.FIRE]
+                named = self.second_opinion.ask(said) if unsure else None
+                if named is not None:
+                    after[named] = max(after.get(named, 0.0), running.PEAK)
+                    held = {"rule": named, "via": "second_opinion", "risk": after[named]}
             if held is None or held["via"] == "persists":
                 return held, after
-            found = Detection(held["rule"], "running", held["risk"], said[-1])
+            found = Detection(held["rule"], held["via"], held["risk"], said[-1])
         rule = self.roster.safety_rule(found.rule)
         logger.warning("safety rule '%s' fired (%s, %.2f, %r): the round follows its route %s", rule.name,
                        found.via, found.score, found.matched[:80], " -> ".join(rule.route))
