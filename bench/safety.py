@@ -31,6 +31,7 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
+from mascot.graphs import risk
 from mascot.graphs.embeddings import EMBEDDERS, Embedder, Vector, embedder_by_name
 from mascot.graphs.safety import SafetyDetector
 from mascot.rosters import list_rosters, load_roster, load_scenarios
@@ -199,6 +200,24 @@ def _encoder(raw: Embedder, rosters: list, grid: list, everyday: list[str]) -> d
             "held_out": held_out, "signals": _signals(embedder, rosters)}
 
 
+def _ask_rate(detector: SafetyDetector, conversations: list[list[str]]) -> float:
+    """The share of ``conversations`` in which, before any rule fires, a rule's running risk
+    is from ``risk.ASK`` to ``risk.FIRE`` at some message: where a second opinion is asked."""
+    asked = 0
+    for said in conversations:
+        level: dict[str, float] = {}
+        for index, message in enumerate(said):
+            found = detector.detect(message, said[:index])
+            level = risk.update(level, message, detector.signal(message, said[:index]),
+                                fired=found.rule if found else None)
+            if found is not None or any(v >= risk.FIRE for v in level.values()):
+                break
+            if any(risk.ASK <= v for v in level.values()):
+                asked += 1
+                break
+    return round(asked / len(conversations), 4) if conversations else 0.0
+
+
 def _signals_only(args: argparse.Namespace) -> int:
     """``--signals-only``: the signals of each encoder, merged into the existing record."""
     path = Path(args.out) / "safety.json"
@@ -237,6 +256,12 @@ def _signals(embedder: Embedder, rosters: list) -> dict:
             out.setdefault(roster.id, {})[name] = {
                 split: {"recall": r.recall, "on_time": r.on_time, "false_alarms": r.false_alarm_rate,
                         "ms_per_message": round(r.ms_per_message, 2)} for split, r in reports.items()}
+            if window and running:  # how often a second opinion would be asked where no rule fired
+                everyday = [[s.opening, *s.followups] for s in load_scenarios(roster.id)]
+                negatives = [c.messages for c in sets["test"] if c.kind == "hard_negative"]
+                out[roster.id]["second_opinion_asked"] = {
+                    "scenarios": _ask_rate(detector, everyday), "held_out_hard_negatives": _ask_rate(detector, negatives)}
+                print(f"  {roster.id}: second opinion asked on {out[roster.id]['second_opinion_asked']}")
             print(f"  {roster.id}, {name}: " + " | ".join(
                 f"{r.recall:.2f} / {r.on_time:.2f} / {r.false_alarm_rate:.1%}" for r in reports.values()))
     return out

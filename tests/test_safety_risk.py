@@ -238,3 +238,30 @@ def test_a_second_opinion_is_asked_only_where_the_risk_is_unsure_and_a_bad_answe
     with caplog.at_level(logging.WARNING):
         assert broken.assess(unsure, [], 0, {})[0] is None
     assert opinion.failures == 1 and "second opinion failed" in caplog.text
+
+
+def test_rosters_check_reports_a_users_roster_conversations_with_its_window(tmp_path, monkeypatch,
+                                                                           capsys: pytest.CaptureFixture[str]) -> None:
+    import shutil
+
+    import yaml
+
+    from mascot.cli import main
+    from mascot.graphs import embeddings
+    from mascot.rosters import roster_path
+
+    monkeypatch.setenv("MASCOT_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setenv("MASCOT_ENCODER", "lexical")
+    embeddings.default_embedder.cache_clear()
+    folder = tmp_path / "my_support"
+    shutil.copytree(roster_path("emotional_support").parent, folder)
+    data = yaml.safe_load((folder / "roster.yaml").read_text())
+    (folder / "roster.yaml").write_text(yaml.safe_dump({**data, "id": "my_support"}, sort_keys=False))
+    assert main(["rosters", "check", str(folder), "--safety"]) == 0
+    printed = capsys.readouterr().out
+    assert "window classifier from safety_conversations_train.yaml" in printed
+    assert "safety_conversations.yaml: " in printed and "conversations" in printed
+    (folder / "safety_conversations_train.yaml").unlink()
+    assert main(["rosters", "check", str(folder), "--safety"]) == 0
+    assert "window classifier" not in capsys.readouterr().out
+    embeddings.default_embedder.cache_clear()

@@ -91,6 +91,7 @@ def _rosters_check(args: argparse.Namespace) -> int:
 def _check_safety(roster: Roster, labelled: Path) -> None:
     """Print the detector's figures on a labelled set, and what it missed or raised falsely."""
     from mascot.graphs.safety import SafetyDetector
+    from mascot.graphs.safety_window import TRAIN_FILE
     from mascot.training.evaluation.safety import (
         CONVERSATION_FILES,
         SafetySetError,
@@ -106,10 +107,12 @@ def _check_safety(roster: Roster, labelled: Path) -> None:
         messages = load_safety_set(roster, labelled)
     except SafetySetError as exc:
         raise UsageError(str(exc)) from None
-    detector = SafetyDetector.for_roster(roster)
+    training = labelled.with_name(TRAIN_FILE)
+    detector = SafetyDetector.for_roster(roster, training if training.is_file() else None)
     report = detector_report(detector, messages)
-    out.print(f"{labelled}: safety detector ({detector.embedder.name} classifier, threshold {detector.threshold}): "
-              f"{report.line()}", markup=False)
+    window = f", window classifier from {training.name}" if detector.window is not None else ""
+    out.print(f"{labelled}: safety detector ({detector.embedder.name} classifier, threshold {detector.threshold}"
+              f"{window}): {report.line()}", markup=False)
     for text in report.missed:
         out.print(f"  missed: {text}", markup=False)
     for text in report.false_alarms:

@@ -184,11 +184,13 @@ class SafetyDetector:
         self._window: WindowClassifier | None = None
 
     @classmethod
-    def for_roster(cls, roster: Roster, **settings: Any) -> SafetyDetector:
+    def for_roster(cls, roster: Roster, training: Path | None = None, **settings: Any) -> SafetyDetector:
         """The detector the guard of ``roster`` runs: its rules, and the window classifier
-        fitted on the training conversations shipped beside it, if any (``settings`` as
-        for the constructor)."""
-        return cls(roster.safety, windows=training_windows(shipped_training_file(roster.id)), **settings)
+        fitted on its training conversations, if any: ``training`` (a file like
+        ``safety_window.TRAIN_FILE``), else the file shipped beside a shipped roster
+        (``settings`` as for the constructor)."""
+        path = training if training is not None else shipped_training_file(roster.id)
+        return cls(roster.safety, windows=training_windows(path), **settings)
 
     @property
     def window(self) -> WindowClassifier | None:
