@@ -85,14 +85,9 @@ def main() -> int:
     grid = list(itertools.product(*(sorted(float(x) for x in value.split(","))
                                     for value in (args.l2, args.weights, args.thresholds, args.similarities))))
     everyday = read_yaml(EVERYDAY)["messages"]
-    rosters = [r for r in map(load_roster, list_rosters()) if r.safety and safety_set_path(r, "dev").is_file()]
+    rosters = _rosters()
     record: dict = {"encoders": {}}
-    for name in (n for n in args.encoders.split(",") if n):
-        try:
-            raw = embedder_by_name(name)
-        except ValueError as exc:
-            print(f"\n{name}: skipped ({exc})")
-            continue
+    for name, raw in _embedders(args.encoders):
         shipped = SafetyDetector([], embedder=raw).settings
         print(f"\n=== encoder {name}; shipped settings {shipped}; {len(everyday)} everyday messages")
         record["encoders"][name] = {"shipped": shipped, **_encoder(raw, rosters, grid, everyday)}
@@ -200,6 +195,22 @@ def _encoder(raw: Embedder, rosters: list, grid: list, everyday: list[str]) -> d
             "held_out": held_out, "signals": _signals(embedder, rosters)}
 
 
+def _rosters() -> list:
+    """The shipped rosters with safety rules and labelled dev sets."""
+    return [r for r in map(load_roster, list_rosters()) if r.safety and safety_set_path(r, "dev").is_file()]
+
+
+def _embedders(names: str) -> list[tuple[str, Embedder]]:
+    """The encoders named (comma-separated) that are installed or built; the others are skipped, said once."""
+    found = []
+    for name in (n for n in names.split(",") if n):
+        try:
+            found.append((name, embedder_by_name(name)))
+        except ValueError as exc:
+            print(f"\n{name}: skipped ({exc})")
+    return found
+
+
 def _ask_rate(detector: SafetyDetector, conversations: list[list[str]]) -> float:
     """The share of ``conversations`` in which, before any rule fires, a rule's running risk
     is from ``risk.ASK`` to ``risk.FIRE`` at some message: where a second opinion is asked."""
@@ -222,13 +233,8 @@ def _signals_only(args: argparse.Namespace) -> int:
     """``--signals-only``: the signals of each encoder, merged into the existing record."""
     path = Path(args.out) / "safety.json"
     record = json.loads(path.read_text(encoding="utf-8")) if path.is_file() else {"encoders": {}}
-    rosters = [r for r in map(load_roster, list_rosters()) if r.safety and safety_set_path(r, "dev").is_file()]
-    for name in (n for n in args.encoders.split(",") if n):
-        try:
-            raw = embedder_by_name(name)
-        except ValueError as exc:
-            print(f"\n{name}: skipped ({exc})")
-            continue
+    rosters = _rosters()
+    for name, raw in _embedders(args.encoders):
         print(f"\n=== encoder {name}")
         record["encoders"].setdefault(name, {})["signals"] = _signals(_Cached(raw), rosters)
     path.parent.mkdir(parents=True, exist_ok=True)

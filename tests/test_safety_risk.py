@@ -63,6 +63,12 @@ def test_other_peoples_words_and_a_past_that_is_over_count_little() -> None:
     assert theirs == pytest.approx(risk.OTHERS * mine)
 
 
+def test_a_story_about_someone_else_does_not_fire_even_on_a_pattern() -> None:
+    detector = SafetyDetector([rule().model_copy(update={"patterns": [r"\bend it all\b"]})], embedder=LexicalEmbedder())
+    assert detector.detect("I want to end it all") is not None
+    assert detector.detect(NOVEL[0]) is None
+
+
 def test_nothing_resets_the_risk_but_calm_messages() -> None:
     level = risk.update({}, "x", {"self_harm": 0.0}, fired="self_harm")
     assert level["self_harm"] == risk.PEAK

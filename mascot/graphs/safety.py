@@ -232,9 +232,13 @@ class SafetyDetector:
 
     def detect(self, message: str, context: Sequence[str] = ()) -> Detection | None:
         """The rule the person's latest ``message`` calls for, or ``None``: the message (read
-        with earlier risk, ``detect_message``), else the window of the last messages
-        together at ``WINDOW_THRESHOLD`` (``mascot.graphs.safety_window``)."""
+        with earlier risk, ``detect_message``; not for a rule of ``risk.STAGED_RULES`` when
+        the message speaks of someone else or of a past that is over, ``risk.about_others``),
+        else the window of the last messages together at ``WINDOW_THRESHOLD``
+        (``mascot.graphs.safety_window``)."""
         found = self.detect_message(message, context)
+        if found is not None and found.rule in running.STAGED_RULES and running.about_others(message):
+            return None  # a character, the news, a friend, a past that is over: the running risk counts a fifth
         if found is not None or not context or self.window is None or not self.rules:
             return found
         probabilities = self.window.probabilities([*context, message], self._vector(window_text([*context, message])))
