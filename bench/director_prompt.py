@@ -29,9 +29,9 @@ import httpx
 from langchain_core.messages import BaseMessage, HumanMessage
 
 from mascot.graphs.direction import direction_schema
+from mascot.graphs.faults import reply_fault
 from mascot.graphs.prompts import director_messages
 from mascot.graphs.reply import copies, word_count
-from mascot.graphs.faults import reply_fault
 from mascot.graphs.state import offered_speakers
 from mascot.messages import chat_messages
 from mascot.rosters import load_roster, load_scenarios

@@ -24,8 +24,15 @@ from typing import Any
 
 import yaml
 
-from mascot.graphs.faults import (DIRECTION_FAULTS, REPLY_FAULTS, direction_faults, persona_texts, reply_faults,
-                                  roster_texts, voice_names)
+from mascot.graphs.faults import (
+    DIRECTION_FAULTS,
+    REPLY_FAULTS,
+    direction_faults,
+    persona_texts,
+    reply_faults,
+    roster_texts,
+    voice_names,
+)
 from mascot.rosters import Roster, load_roster
 
 HERE = Path(__file__).resolve().parent
@@ -64,7 +71,7 @@ def agreement(items: Sequence[dict[str, Any]], roster: Roster) -> dict[str, dict
     for kind, faults in (("reply", REPLY_FAULTS), ("direction", DIRECTION_FAULTS)):
         rows = [(set(i["labels"]), detect(i, roster)) for i in items if i["kind"] == kind]
         for fault in (*faults, "any"):
-            def has(found: set[str]) -> bool:
+            def has(found: set[str], fault: str = fault) -> bool:
                 return bool(found) if fault == "any" else fault in found
             tp = sum(has(lab) and has(det) for lab, det in rows)
             fp = sum(not has(lab) and has(det) for lab, det in rows)
@@ -102,7 +109,8 @@ def main() -> int:
             found, labelled = detect(item, roster), set(item["labels"])
             if found != labelled:
                 shown = item.get("text") or f"action={item.get('action')!r} tone={item.get('tone')!r}"
-                print(f"\n[{item['id']} {item['kind']}] labelled {sorted(labelled)} detected {sorted(found)}\n  {shown}")
+                print(f"\n[{item['id']} {item['kind']}] labelled {sorted(labelled)} detected {sorted(found)}"
+                      f"\n  {shown}")
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(results, indent=1) + "\n", encoding="utf-8")
     if args.write:

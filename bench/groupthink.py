@@ -48,6 +48,7 @@ from mascot.offline.model import DEFAULT_OFFLINE_MODEL, OFFLINE_JUDGE, built_off
 from mascot.policies import Policies, PolicySpec
 from mascot.rosters import load_roster
 from mascot.rosters.probes import load_labelled_replies, load_probes
+from mascot.trained import shipped_run
 from mascot.training.evaluation.bootstrap import bootstrap_difference
 from mascot.training.evaluation.groupthink import (
     MEASURES,
@@ -64,7 +65,6 @@ from mascot.training.evaluation.groupthink import (
     variant_difference,
 )
 from mascot.training.evaluation.probe_rounds import SYSTEMS, aplay, build_system
-from mascot.trained import shipped_run
 from mascot.training.measures import redundancy
 
 ROSTERS = ("emotional_support", "workplace_meeting")
@@ -297,12 +297,13 @@ def audit(rounds: list[ProbeRound], by_id: dict[str, Any], rules: RuleScorer) ->
         row = {}
         for measure, want in (("endorses_only", lambda i: i["endorses_only"]),
                               ("raises_concern", lambda i: i["concern"] is not None)):
-            right = sum(v is not None and v.measure(measure) == want(i) for (i, _, _), v in zip(found, verdicts))
+            right = sum(v is not None and v.measure(measure) == want(i)
+                        for (i, _, _), v in zip(found, verdicts, strict=True))
             row[measure] = {"right": right, "total": len(found)}
         scorers[name] = row
     return {"replies": len(found), "labelled": len(labels), "scorers": scorers,
             "items": [{**i, "verdict": v.model_dump() if v else None, "rules": rv.model_dump()}
-                      for (i, _, v), rv in zip(found, rule_verdicts)]}
+                      for (i, _, v), rv in zip(found, rule_verdicts, strict=True)]}
 
 
 def machine() -> str:
@@ -365,7 +366,8 @@ def plot(out: Path, scores: dict[str, Any], comparison: dict[str, Any] | None, *
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    bars = [("endorses only (plain)", "plain", "endorses_only"), ("raises a concern (plain)", "plain", "raises_concern"),
+    bars = [("endorses only (plain)", "plain", "endorses_only"),
+            ("raises a concern (plain)", "plain", "raises_concern"),
             ("endorses only (after confederate)", "confederate", "endorses_only"),
             ("conforms (after confederate)", "confederate", "conforms")]
     systems = list(scores["systems"])

@@ -417,7 +417,8 @@ def analyse(work: Path, model: Path, *, timings: dict[str, float], quick: bool,
                                    "points": next(iter(routing_rows.values()))["points"]}
     setup = json.loads((work / "eval" / "results.json").read_text(encoding="utf-8")).get("setup", {})
     return {
-        "quick": quick, "model": str(model), "roster": roster.id, "judge": f"{model} (the same model judges itself)" if judge in (None, model) else str(judge),
+        "quick": quick, "model": str(model), "roster": roster.id,
+        "judge": f"{model} (the same model judges itself)" if judge in (None, model) else str(judge),
         "train_scenarios": split["train"], "heldout_scenarios": split["test"], "dev_scenarios": split["heldout"],
         "episodes_per_system": {name: len(e) for name, e in episodes.items()},
         "systems": list(episodes), "bootstrap": f"paired by episode, resampled by whole {CLUSTER}",
@@ -439,7 +440,7 @@ def direction_metrics(episode: Episode, roster: Any, tokenizer: Any) -> dict[str
     decided = [m.stage_direction for m in episode.messages if m.role == "assistant" and m.stage_direction]
     replaced = [d for d in decided if d.get("fallback") and not str(d["fallback"]).startswith("repaired")]
     turns = [m for m in episode.messages if m.role in ("user", "assistant")]
-    adjacent = [(a, b) for a, b in zip(turns, turns[1:]) if a.role == b.role == "assistant"]
+    adjacent = [(a, b) for a, b in zip(turns, turns[1:], strict=False) if a.role == b.role == "assistant"]
     replies = [m.content for m in episode.messages if m.role == "assistant" and m.name in roster.persona_ids]
     return {
         "fallback_rate": len(replaced) / len(decided) if decided else 0.0,
@@ -459,7 +460,10 @@ def targets(c: dict[str, Any]) -> dict[str, dict[str, Any]]:
         return {**measured, "met": bool(found and met()), **({} if found else {"missing": True})}
 
     t, u = (lambda m: get(m, "trained")), (lambda m: get(m, "untrained"))
-    ci = (lambda m: get(m, "diff_ci95") or [None, None])
+
+    def ci(m: str) -> Any:
+        return get(m, "diff_ci95") or [None, None]
+
     out = {}
     for metric, name, bound in (("reply_refusals", "reply_refusals", 2), ("helpdesk_rate", "reply_helpdesk", 3),
                                 ("style_copies", "reply_style_copies", 5), ("voice_copies", "reply_voice_copies", 5),
@@ -587,7 +591,8 @@ README_START, README_END = "<!-- learning-run: start -->", "<!-- learning-run: e
 #: The README's first command's output: the trained ensemble on the README message (seed 0).
 MESSAGE_START, MESSAGE_END = "<!-- readme-message: start -->", "<!-- readme-message: end -->"
 #: The rows of the README's table: metric -> label.
-README_ROWS = {"multi_voice_rounds_all": "rounds with 2+ voices (every round), %", "voices_per_round": "voices per round",
+README_ROWS = {"multi_voice_rounds_all": "rounds with 2+ voices (every round), %",
+               "voices_per_round": "voices per round",
                "redundancy": "redundancy, rounds of 2+ voices (lower is better)",
                "persona_identifiability": "persona identifiability", "reply_refusals": "replies refusing, %",
                "helpdesk_rate": "replies with help-desk talk, %", "style_copies": "replies copying a style line, %",
@@ -615,7 +620,8 @@ def _write_page(page: Path, docs: Path, results: dict[str, Any]) -> bool:
     if played and MESSAGE_START in text and MESSAGE_END in text:  # the first command's output
         shown = [MESSAGE_START, "```text"]
         for turn in played[0]["turns"]:
-            shown += [f"» {turn['speaker']}: {turn['action']} (tone: {turn['tone']})", f"[{turn['speaker']}] {turn['text']}"]
+            shown += [f"» {turn['speaker']}: {turn['action']} (tone: {turn['tone']})",
+                      f"[{turn['speaker']}] {turn['text']}"]
         shown += ["```", MESSAGE_END]
         start, end = text.index(MESSAGE_START), text.index(MESSAGE_END) + len(MESSAGE_END)
         text = text[:start] + "\n".join(shown) + text[end:]
@@ -636,7 +642,8 @@ def _learning_section(text: str, page: Path, docs: Path, results: dict[str, Any]
         return "-" if value is None else f"{value:.2f}" if isinstance(value, float) else str(value)
 
     lines = [README_START, "",
-             f"Held-out, {results['episodes_per_system'].get('trained')} episodes of {results['max_rounds']} rounds per "
+             f"Held-out, {results['episodes_per_system'].get('trained')} episodes of "
+             f"{results['max_rounds']} rounds per "
              f"system over {len(results['heldout_scenarios'])} scenarios the training never saw; "
              f"{results['machine']}, {results.get('minutes_total')} min for the whole run "
              f"(`python bench/learning.py`; report: [{rel}/report.md]({rel}/report.md)).", "",
@@ -650,9 +657,11 @@ def _learning_section(text: str, page: Path, docs: Path, results: dict[str, Any]
         lines.append(f"| {label} | " + " | ".join(f(row.get(s)) for s in systems) + f" | {interval} |")
     met = [n for n, t in results["targets"].items() if t["met"]]
     missed = [n for n, t in results["targets"].items() if not t["met"]]
+    not_shipped = ("" if winner != "trained" else
+                   " (chosen on the split reported here, so not shipped: that choice belongs to the dev split)")
     lines += ["", f"Targets met: {', '.join(met) or 'none'}. **Missed:** {', '.join(missed) or 'none'} "
                   f"(figures in the report). Winner on the fault rates: **{winner or '-'}**"
-                  f"{'' if winner != 'trained' else ' (chosen on the split reported here, so not shipped: that choice belongs to the dev split)'}.", ""]
+                  f"{not_shipped}.", ""]
     lines += [f"![{p}]({rel}/{p})" for p in ("faults.png", "yield.png", "redundancy_by_position.png", "speakers.png")
               if (Path(docs) / p).is_file()]
     round_of = _first_round(docs, ("untrained", "trained"))
@@ -731,7 +740,8 @@ def _plots(results: dict[str, Any], docs: Path) -> list[str]:
     for i, system in enumerate(systems):
         counts = results["speakers"][system]
         total = sum(counts.values()) or 1
-        ax.bar([p + i * width for p in range(len(personas))], [counts[p] / total for p in personas], width, label=system)
+        ax.bar([p + i * width for p in range(len(personas))], [counts[p] / total for p in personas], width,
+               label=system)
     ax.set_xticks([p + width * (len(systems) - 1) / 2 for p in range(len(personas))], personas)
     ax.set(ylabel="share of persona turns", title="Who speaks, held-out")
     ax.legend()
@@ -769,7 +779,7 @@ def _plots(results: dict[str, Any], docs: Path) -> list[str]:
     runs = {k: v for k, v in results["training"].items() if v.get("log")}
     if runs:
         fig, axes = plt.subplots(1, len(runs), figsize=(4.5 * len(runs), 3.5), squeeze=False)
-        for ax, (run, entry) in zip(axes[0], runs.items()):
+        for ax, (run, entry) in zip(axes[0], runs.items(), strict=True):
             steps = [h.get("step", i + 1) for i, h in enumerate(entry["log"])]
             sft = entry["method"] == "sft"
             keys = ["mean_token_accuracy"] if sft else sorted(
@@ -820,7 +830,8 @@ def _report(results: dict[str, Any], plots: list[str]) -> str:
                          + f" | {f(row['diff'])} [{f(row['diff_ci95'][0])}, {f(row['diff_ci95'][1])}] |")
         lines.append("")
     lines += [f"Winner on the fault rates (mean of {', '.join(WIN_FAULTS)}, without fewer rounds of two or more "
-              f"voices): **{results.get('winner', '-')}**; the trained adapters are shipped only by `--ship` on a run that evaluates the dev split.", ""]
+              f"voices): **{results.get('winner', '-')}**; the trained adapters are shipped only by `--ship` "
+              "on a run that evaluates the dev split.", ""]
     lines += ["## Targets", "", "| target | measured | met |", "|---|---|---|"]
     for name, target in results["targets"].items():
         measured = ", ".join(f"{k} {f(v)}" for k, v in target.items() if k != "met")
@@ -839,11 +850,13 @@ def _report(results: dict[str, Any], plots: list[str]) -> str:
     lines += ["", "## The judge and the reward models", ""]
     for rubric, report in results["sanity"].items():
         metric = report.get("metric_judge") or {}
+        labelled_by = ("the LLM judge (trusted: at least 75 % with p < 0.01)" if report["passed"]
+                       else "the metric judge alone (the LLM judge is not trusted)")
         lines.append(f"- Sanity set, {rubric} rubric: `{Path(str(report['judge'])).name}` {report['right']}/"
                      f"{report['total']} ({f(report['accuracy'])}, p = {report['p_value']:.2g} against chance; "
                      f"{report['failed_judgements']} judgements failed); the metric judge {metric.get('right')}/"
                      f"{metric.get('total')}. Labels of this rubric: "
-                     f"{'the LLM judge (trusted: at least 75 % with p < 0.01)' if report['passed'] else 'the metric judge alone (the LLM judge is not trusted)'}.")
+                     f"{labelled_by}.")
         for mode, tally in (report.get("modes") or {}).items():
             lines.append(f"  - {mode} mode: {tally['right']}/{tally['total']} ({f(tally['accuracy'])}, p = "
                          f"{tally['p_value']:.2g}; {tally['failed_judgements']} failed; {f(tally['seconds'])} s)"
@@ -853,14 +866,17 @@ def _report(results: dict[str, Any], plots: list[str]) -> str:
         lines.append(f"- {name}: {json.dumps(info)}")
     if results.get("samples"):
         lines += ["", "## Selection: samples per iteration", "",
-                  "| iteration | source/role | sampled | passed the verifiers | kept (best of group) | dropped (fault: count) |",
+                  "| iteration | source/role | sampled | passed the verifiers | kept (best of group) "
+                  "| dropped (fault: count) |",
                   "|---|---|---|---|---|---|"]
         for iteration, counts in results["samples"].items():
             for key, row in sorted(counts.items()):
                 dropped = ", ".join(f"{k} {v}" for k, v in sorted(row.items(), key=lambda kv: -kv[1])
                                     if k not in ("sampled", "passed", "kept")) or "-"
-                lines.append(f"| {iteration} | {key} | {row['sampled']} | {row['passed']} | {row['kept']} | {dropped} |")
-    lines += ["", "## Training", "", "| run | method | rows | steps | starts from | curve first -> last quarter | seconds |",
+                lines.append(f"| {iteration} | {key} | {row['sampled']} | {row['passed']} | {row['kept']} "
+                             f"| {dropped} |")
+    lines += ["", "## Training", "",
+              "| run | method | rows | steps | starts from | curve first -> last quarter | seconds |",
               "|---|---|---|---|---|---|---|"]
     for run, entry in results["training"].items():
         curve = entry["reward"] or []
@@ -874,7 +890,8 @@ def _report(results: dict[str, Any], plots: list[str]) -> str:
     lines += ["", "## Time per stage (seconds)", "", "| stage | seconds |", "|---|---|"]
     lines += [f"| {k} | {v:.0f} |" for k, v in results["stage_seconds"].items()]
     lines += ["", f"Whole run: {results.get('minutes_total', '-')} min (the stages' seconds, summed over resumed "
-              "invocations; each invocation also starts its vLLM servers, 30-50 s each). Raw held-out episodes: `episodes/`; "
+              "invocations; each invocation also starts its vLLM servers, 30-50 s each). "
+              "Raw held-out episodes: `episodes/`; "
               "every number: `results.json` (per-episode values under `per_episode`).", ""]
     return "\n".join(lines)
 

@@ -84,7 +84,7 @@ def rounds_in_one_call(backend: LocalBackend, concurrency: int, turns: int, max_
     """Each round of turns as one explicit generate() call with C rows."""
     tokens = 0
     for index in range(turns):
-        conversations, personas = zip(*(turn(c, index) for c in range(concurrency)))
+        conversations, personas = zip(*(turn(c, index) for c in range(concurrency)), strict=True)
         replies = backend.generate(list(conversations), adapters=list(personas), max_new_tokens=max_tokens,
                                    temperature=0.7)
         tokens += sum(reply.completion_tokens for reply in replies)

@@ -82,7 +82,7 @@ def measure(rounds: list[dict[str, Any]], embedder: Any) -> dict[str, float]:
         replies = [m for m in state["messages"] if isinstance(m, AIMessage)]
         names = [m.name for m in replies]
         distinct_two += len(set(names)) >= 2
-        consecutive += sum(a == b for a, b in zip(names, names[1:]))
+        consecutive += sum(a == b for a, b in zip(names, names[1:], strict=False))
         for fallback in state.get("fallbacks", []):
             echoed += "echoed" in fallback["reason"]
             empty += "empty reply" in fallback["reason"]

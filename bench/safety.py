@@ -266,7 +266,8 @@ def _signals(embedder: Embedder, rosters: list) -> dict:
                 everyday = [[s.opening, *s.followups] for s in load_scenarios(roster.id)]
                 negatives = [c.messages for c in sets["test"] if c.kind == "hard_negative"]
                 out[roster.id]["second_opinion_asked"] = {
-                    "scenarios": _ask_rate(detector, everyday), "held_out_hard_negatives": _ask_rate(detector, negatives)}
+                    "scenarios": _ask_rate(detector, everyday),
+                    "held_out_hard_negatives": _ask_rate(detector, negatives)}
                 print(f"  {roster.id}: second opinion asked on {out[roster.id]['second_opinion_asked']}")
             print(f"  {roster.id}, {name}: " + " | ".join(
                 f"{r.recall:.2f} / {r.on_time:.2f} / {r.false_alarm_rate:.1%}" for r in reports.values()))
@@ -310,7 +311,7 @@ def _plot(record: dict, rosters: list, path: Path) -> bool:
         for name, result in record["encoders"].items():
             colour = colours.get(name, "tab:purple")
             dev = [(row[roster.id]["false_alarms"], row[roster.id]["recall"]) for row in result["dev"]]
-            ax.scatter(*zip(*dev), s=10, color=colour, alpha=0.25)
+            ax.scatter(*zip(*dev, strict=True), s=10, color=colour, alpha=0.25)
             held = result["held_out"][roster.id]
             ax.scatter(held["false_alarms"], held["recall"], marker="*", s=170, color=colour,
                        label=f"{name}: messages, held out")

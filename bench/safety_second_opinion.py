@@ -11,9 +11,13 @@ offline 1.5B first, e.g. ``mascot serve --engine vllm --policies P --port 8311``
 
 Writes ``bench/results/safety_second_opinion_<split>.json``.
 """
-import json, sys, time
+import json
+import sys
+from pathlib import Path
+
 from langchain_core.messages import HumanMessage
 from langchain_openai import ChatOpenAI
+
 from mascot.graphs.embeddings import embedder_by_name
 from mascot.graphs.moderation import SecondOpinion
 from mascot.graphs.safety import SafetyDetector, SafetyGuard
@@ -29,7 +33,7 @@ for rid in ("emotional_support", "workplace_meeting"):
     roster = load_roster(rid)
     opinion = SecondOpinion(roster.safety, model)
     guard = SafetyGuard(roster, detector=SafetyDetector.for_roster(roster, embedder=emb), second_opinion=opinion)
-    def play(said):
+    def play(said, guard=guard):
         risk, earlier = {}, []
         for i in range(len(said)):
             record, risk = guard.assess([HumanMessage(t) for t in said[:i + 1]], earlier, i, risk)
@@ -39,19 +43,21 @@ for rid in ("emotional_support", "workplace_meeting"):
     rows = []
     for c in load_conversation_set(roster, split=split):
         rows.append((c.kind, c.fires_at, c.rule, play(c.messages)))
-    b = [r for r in rows if r[0] == "building"]; n = [r for r in rows if r[0] == "hard_negative"]
+    b = [r for r in rows if r[0] == "building"]
+    n = [r for r in rows if r[0] == "hard_negative"]
     calls_conv = opinion.calls
     everyday = [[s.opening, *s.followups] for s in load_scenarios(rid)]
     before = opinion.calls
     fired_everyday = sum(play(e) is not None for e in everyday)
-    out[rid] = {"recall": sum(r[3] is not None for r in b) / len(b), "false_alarms": sum(r[3] is not None for r in n) / len(n),
+    out[rid] = {"recall": sum(r[3] is not None for r in b) / len(b),
+                "false_alarms": sum(r[3] is not None for r in n) / len(n),
                 "by_second_opinion": sum(1 for r in rows if r[3] and r[3][2] == "second_opinion"),
                 "second_opinion_true": sum(1 for r in b if r[3] and r[3][2] == "second_opinion"),
-                "calls_on_labelled": calls_conv, "calls_on_scenarios": opinion.calls - before, "scenarios": len(everyday),
+                "calls_on_labelled": calls_conv, "calls_on_scenarios": opinion.calls - before,
+                "scenarios": len(everyday),
                 "scenarios_fired": fired_everyday, "failures": opinion.failures,
                 "s_per_call": round(opinion.seconds / max(1, opinion.calls), 2)}
     print(rid, out[rid], flush=True)
-from pathlib import Path
 
 path = Path(__file__).parent / "results" / f"safety_second_opinion_{split}.json"
 path.write_text(json.dumps(out, indent=1) + "\n", encoding="utf-8")

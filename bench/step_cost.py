@@ -85,7 +85,8 @@ def main() -> int:
     from mascot.policies.local.precision import cpu_has_native_bf16
 
     machine = {"cpu": _cpu_name(), "cores": len(__import__("os").sched_getaffinity(0)),
-               "native_bf16": cpu_has_native_bf16(), "jemalloc": jemalloc_library(), "python": platform.python_version()}
+               "native_bf16": cpu_has_native_bf16(), "jemalloc": jemalloc_library(),
+               "python": platform.python_version()}
     print(f"machine: {machine}", file=sys.stderr)
     results: dict[str, Any] = {"machine": machine, "steps": args.steps, "model": args.model, "runs": {}}
     with contextlib.ExitStack() as servers:

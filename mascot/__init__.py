@@ -11,7 +11,9 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from mascot.graphs import (
+    # for type checkers only; __getattr__ below exports these lazily (the noqa: ruff cannot read
+    # __all__, built from _HOME, and would take them for unused imports)
+    from mascot.graphs import (  # noqa: F401
         BASELINES,
         DirectorState,
         SafetyGuard,
@@ -20,8 +22,8 @@ if TYPE_CHECKING:
         create_director_graph,
         openai_messages,
     )
-    from mascot.policies import Policies, PolicyError, PolicySpec
-    from mascot.rosters import (
+    from mascot.policies import Policies, PolicyError, PolicySpec  # noqa: F401
+    from mascot.rosters import (  # noqa: F401
         USER,
         Persona,
         Roster,
@@ -33,7 +35,7 @@ if TYPE_CHECKING:
         load_roster,
         load_scenarios,
     )
-    from mascot.training import (
+    from mascot.training import (  # noqa: F401
         Episode,
         JsonlTracer,
         collect_episodes,

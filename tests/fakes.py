@@ -30,10 +30,12 @@ class ScriptedChat(BaseChatModel):
             raise AssertionError("scripted model ran out of replies")
         return self.replies.pop(0)
 
-    def _generate(self, messages: list[BaseMessage], stop: Any = None, run_manager: Any = None, **kw: Any) -> ChatResult:
+    def _generate(self, messages: list[BaseMessage], stop: Any = None, run_manager: Any = None,
+                  **kw: Any) -> ChatResult:
         return ChatResult(generations=[ChatGeneration(message=AIMessage(self._next(messages)))])
 
-    def _stream(self, messages: list[BaseMessage], stop: Any = None, run_manager: Any = None, **kw: Any) -> Iterator[ChatGenerationChunk]:
+    def _stream(self, messages: list[BaseMessage], stop: Any = None, run_manager: Any = None,
+                **kw: Any) -> Iterator[ChatGenerationChunk]:
         for word in self._next(messages).split(" "):
             chunk = ChatGenerationChunk(message=AIMessageChunk(content=word + " "))
             if run_manager:
@@ -67,10 +69,12 @@ class PromptChat(BaseChatModel):
         return ChatResult(generations=[ChatGeneration(message=AIMessage(
             text, response_metadata={"model_name": "prompt-fake"}, usage_metadata=usage))])
 
-    def _generate(self, messages: list[BaseMessage], stop: Any = None, run_manager: Any = None, **kw: Any) -> ChatResult:
+    def _generate(self, messages: list[BaseMessage], stop: Any = None, run_manager: Any = None,
+                  **kw: Any) -> ChatResult:
         return self._answer(messages)
 
-    async def _agenerate(self, messages: list[BaseMessage], stop: Any = None, run_manager: Any = None, **kw: Any) -> ChatResult:
+    async def _agenerate(self, messages: list[BaseMessage], stop: Any = None, run_manager: Any = None,
+                         **kw: Any) -> ChatResult:
         await asyncio.sleep(self.delay("\n".join(m.text for m in messages)))
         return self._answer(messages)
 

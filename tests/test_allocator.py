@@ -38,7 +38,8 @@ def test_without_jemalloc_glibc_keeps_freed_memory_and_says_so_once(monkeypatch:
     with caplog.at_level(logging.INFO, logger="mascot.policies.allocator"):
         first, second = allocator_env({}), allocator_env({})
     assert first == second == {**GLIBC_ENV, ALLOCATOR_ENV: "glibc"}
-    assert [r.message for r in caplog.records if "jemalloc is not installed" in r.message] == [caplog.records[0].message]
+    assert ([r.message for r in caplog.records if "jemalloc is not installed" in r.message]
+            == [caplog.records[0].message])
     assert allocator_env({}, mode="serve") == {}  # a server keeps glibc as it comes
     with pytest.raises(ValueError, match="libjemalloc.so.2 is not installed"):
         allocator_env({}, choice="jemalloc")

@@ -42,7 +42,8 @@ def d(speaker: str, action: str) -> str:
 
 def run_director(roster, checkpointer, thread_id: str, rounds, **first_input) -> str:
     """Run the real director graph, one run per round; return the latest checkpoint id."""
-    director = ScriptedChat(replies=[r for _, turns in rounds for r in [*(d(p, a) for p, a, _ in turns), d(USER, "over")]])
+    director = ScriptedChat(replies=[r for _, turns in rounds
+                                     for r in [*(d(p, a) for p, a, _ in turns), d(USER, "over")]])
     speakers = ScriptedChat(replies=[reply for _, turns in rounds for _, _, reply in turns])
     graph = create_director_graph(roster, director=director, speakers=speakers, user=None).compile(
         checkpointer=checkpointer)
@@ -177,7 +178,8 @@ def _generic_app(db: Path) -> None:
     counter = StateGraph(Counter)
     counter.add_node("inc", lambda state: {"count": state["count"] + 1})
     counter.add_edge(START, "inc")
-    counter.compile(checkpointer=SqliteSaver(connection)).invoke({"count": 1}, {"configurable": {"thread_id": "counter"}})
+    counter.compile(checkpointer=SqliteSaver(connection)).invoke({"count": 1},
+                                                                 {"configurable": {"thread_id": "counter"}})
     connection.close()
 
 
@@ -256,7 +258,8 @@ def test_user_errors_are_one_line(tmp_path: Path, kind: str, message: str) -> No
          'invalid percent-encoded token: "***"'),  # libpq quotes the bad token: the password
     ],
 )
-def test_unreachable_postgres_never_shows_the_password(tmp_path: Path, caplog, uri: str, shown: str, reason: str) -> None:
+def test_unreachable_postgres_never_shows_the_password(tmp_path: Path, caplog, uri: str, shown: str,
+                                                      reason: str) -> None:
     pytest.importorskip("langgraph.checkpoint.postgres")
     with caplog.at_level(logging.DEBUG), pytest.raises(CheckpointImportError) as info:
         import_checkpoints(uri, roster="r", out=tmp_path / "out.jsonl")
@@ -318,7 +321,8 @@ def test_import_logs_command(director_db, tmp_path: Path) -> None:
     assert "3 new episodes from 3 threads, 0 already in" in first.stdout
     again = run("--from", f"sqlite:///{db.resolve()}", "--thread-id", "bob", "--thread-id", "nobody")
     assert again.returncode == 1  # a named thread could not be imported
-    assert "0 new episodes from 2 threads, 1 already in" in again.stdout and "thread 'nobody' not imported" in again.stderr
+    assert "0 new episodes from 2 threads, 1 already in" in again.stdout
+    assert "thread 'nobody' not imported" in again.stderr
     assert len(out.read_text().splitlines()) == 3
     text = tmp_path / "notes.db"
     text.write_text("not a database")

@@ -118,7 +118,8 @@ def test_an_edited_direction_is_the_one_played_and_recorded(roster) -> None:
     (entry,) = state["approvals"]
     assert entry["decision"] == "edited" and entry["proposed"]["speaker"] == "anchor"
     assert entry["played"]["speaker"] == "catalyst" and entry["played"]["tone"] == "curious"
-    episode = episode_from_state(state, id="a", roster=roster.id, source=EpisodeSource(kind="rollout", seed=0, repeat=0))
+    episode = episode_from_state(state, id="a", roster=roster.id,
+                                 source=EpisodeSource(kind="rollout", seed=0, repeat=0))
     assert episode.approvals == state["approvals"]
 
 
@@ -160,7 +161,8 @@ def test_edits_and_rejections_become_director_pairs(roster, tmp_path) -> None:
     app.invoke(Command(resume="approve"), config)  # anchor played
     state = app.invoke(Command(resume={"edit": {"action": "Ask what the examiner said"}}), config)  # catalyst, edited
     assert [a["decision"] for a in state["approvals"]] == ["rejected", "approved", "edited"]
-    episode = episode_from_state(state, id="e1", roster=roster.id, source=EpisodeSource(kind="rollout", seed=0, repeat=0))
+    episode = episode_from_state(state, id="e1", roster=roster.id,
+                                 source=EpisodeSource(kind="rollout", seed=0, repeat=0))
     with JsonlAppender(tmp_path / "episodes.jsonl") as appender:
         appender.write(episode.model_dump(mode="json"))
     assert main(["pairs", "--approvals", str(tmp_path / "episodes.jsonl"), "--roster", roster.id,

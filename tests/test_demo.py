@@ -24,7 +24,8 @@ def test_demo_end_to_end(tmp_path: Path) -> None:
                             env={**os.environ, "HF_HUB_OFFLINE": "1"})
     assert result.returncode == 0, result.stderr[-3000:]
     assert f"demo: report {out / 'eval' / 'report.md'}" in result.stdout
-    for stage in ("rollout", "blocks", "judge-blocks", "judge-sanity-persona", "judge-sanity-group", "candidates", "pairs", "persona-rm", "speakers", "director", "eval"):
+    for stage in ("rollout", "blocks", "judge-blocks", "judge-sanity-persona", "judge-sanity-group", "candidates",
+                  "pairs", "persona-rm", "speakers", "director", "eval"):
         assert f"[{stage}] done in" in result.stderr
     evaluation = out / "eval"
     assert {p.name for p in evaluation.iterdir()} >= {"report.md", "results.json", "results.csv", "persona.png",
@@ -35,7 +36,7 @@ def test_demo_end_to_end(tmp_path: Path) -> None:
     assert systems["zero_shot"]["kind"] == "baseline" and systems["no_director"]["kind"] == "ablation"
     report = (evaluation / "report.md").read_text()
     assert "a tiny random-weight model" in report and "[conversations.html](conversations.html)" in report
-    for name, system in systems.items():
+    for system in systems.values():
         for table in ("persona", "group"):
             episodes = system["episodes"][table]["overall"]
             stats = system["tables"][table]["overall"]

@@ -18,7 +18,8 @@ GOOD = '{"speaker": "catalyst", "action": "question the word again", "tone": "cu
         ("Sure! Here is my choice: " + GOOD + " Hope that helps.", "catalyst", "repaired: extracted JSON"),
         ("<think>the anchor first?</think>" + GOOD, "catalyst", None),
         ('{"speaker": "The Catalyst", "action": "probe", "tone": "calm"}', "catalyst", "read as 'catalyst'"),
-        ('{"speaker": "practical advisor", "action": "plan", "tone": "calm"}', "action_guide", "read as 'action_guide'"),
+        ('{"speaker": "practical advisor", "action": "plan", "tone": "calm"}', "action_guide",
+         "read as 'action_guide'"),
         ('{"Speaker": "beacon", "Action": "hope", "Tone": "bright"}', "beacon", None),
         ('{"speaker": "beacon"}', "beacon", "missing action; missing tone"),
         ('{"speaker": "beacon", "action": "hope\x0b", "tone": "warm"}', "beacon", None),  # raw control character

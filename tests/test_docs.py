@@ -36,9 +36,9 @@ from pathlib import Path
 import pytest
 import yaml
 from fakes import PromptChat, digest
-from test_safety_memory import PLAIN_INSTALL
 from langchain_core.messages import HumanMessage
 from langgraph.checkpoint.sqlite import SqliteSaver
+from test_safety_memory import PLAIN_INSTALL
 
 from mascot.testing.stub_server import StubServer, start_stub_server
 
@@ -248,7 +248,8 @@ def test_shell_block_parses(block: Block) -> None:
 
 
 def test_mascot_commands_are_found() -> None:
-    code = 'M="--roster r --k 2"\nmascot candidates --in e.jsonl $M \\\n  --out c.jsonl  # four\nX=1 .venv/bin/mascot demo && ls\n'
+    code = ('M="--roster r --k 2"\nmascot candidates --in e.jsonl $M \\\n  --out c.jsonl  # four\n'
+            'X=1 .venv/bin/mascot demo && ls\n')
     assert mascot_commands(code) == [["candidates", "--in", "e.jsonl", "--roster", "r", "--k", "2", "--out", "c.jsonl"],
                                      ["demo"]]
 

@@ -171,7 +171,8 @@ def test_hand_back_without_persona_turns_still_ends_the_round(roster) -> None:
 
 
 def test_scripted_followups_start_the_later_rounds_then_the_simulator_speaks(roster) -> None:
-    scenario = load_scenarios("emotional_support")[0].model_copy(update={"followups": ["The thing is, I start Monday."]})
+    scenario = load_scenarios("emotional_support")[0].model_copy(
+        update={"followups": ["The thing is, I start Monday."]})
     director = PromptChat(reply=lambda prompt: d(USER))
     asked = []
     user = PromptChat(reply=lambda prompt: asked.append(prompt) or "Are you still there?")
@@ -411,7 +412,8 @@ def test_speaker_mapping_must_match_roster(roster) -> None:
     with pytest.raises(ValueError, match="missing: action_guide, beacon, catalyst"):
         create_director_graph(roster, director=ScriptedChat(replies=[]), speakers={"anchor": ScriptedChat(replies=[])})
     with pytest.raises(ValueError, match="max_rounds must be >= 1"):
-        create_director_graph(roster, director=ScriptedChat(replies=[]), speakers=ScriptedChat(replies=[]), max_rounds=0)
+        create_director_graph(roster, director=ScriptedChat(replies=[]), speakers=ScriptedChat(replies=[]),
+                              max_rounds=0)
 
 
 @pytest.mark.parametrize(

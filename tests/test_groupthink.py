@@ -7,9 +7,9 @@ import asyncio
 import json
 
 import pytest
+from fakes import PromptChat, ScriptedChat, speaker_fake
 from langchain_core.messages import HumanMessage
 
-from fakes import PromptChat, ScriptedChat, speaker_fake
 from mascot.rosters import load_roster
 from mascot.rosters.probes import GroupthinkProbe, load_labelled_replies, load_probes
 from mascot.training.evaluation.groupthink import (
@@ -297,7 +297,8 @@ def test_eval_groupthink_plays_every_system_scores_reports_and_resumes(tmp_path)
     # the report has the section, with the scorer and its checks
     write_report({"systems": {}, "groupthink": results}, tmp_path / "report")
     report = (tmp_path / "report" / "report.md").read_text()
-    assert "## Groupthink (held-out probes)" in report and "| trained | confederate | 100 [100, 100] (n=2) | 0 [0, 0] (n=2) | 100 [100, 100] (n=2)" in report
+    assert "## Groupthink (held-out probes)" in report
+    assert "| trained | confederate | 100 [100, 100] (n=2) | 0 [0, 0] (n=2) | 100 [100, 100] (n=2)" in report
     assert "judge constant on 32 labelled replies" in report and "rule fallback" in report
 
 

@@ -282,7 +282,7 @@ def _spawns_mascot(node: ast.AST) -> bool:
 
     if isinstance(node, ast.List | ast.Tuple):
         items = [text(e) for e in node.elts]
-        return any(a == "-m" and b == "mascot" for a, b in zip(items, items[1:]))
+        return any(a == "-m" and b == "mascot" for a, b in zip(items, items[1:], strict=False))
     if isinstance(node, ast.BinOp) and isinstance(node.op, ast.Div):
         return text(node.right) == "mascot" and "sys.executable" in ast.unparse(node.left)
     if isinstance(node, ast.Call):

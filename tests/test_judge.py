@@ -49,7 +49,8 @@ class FunctionChat(BaseChatModel):
     def _llm_type(self) -> str:
         return "function"
 
-    def _generate(self, messages: list[BaseMessage], stop: Any = None, run_manager: Any = None, **kw: Any) -> ChatResult:
+    def _generate(self, messages: list[BaseMessage], stop: Any = None, run_manager: Any = None,
+                  **kw: Any) -> ChatResult:
         prompt = "\n".join(m.text for m in messages)
         self.calls.append(prompt)
         return ChatResult(generations=[ChatGeneration(message=AIMessage(self.reply(prompt)))])
@@ -64,7 +65,8 @@ class FailingChat(BaseChatModel):
     def _llm_type(self) -> str:
         return "failing"
 
-    def _generate(self, messages: list[BaseMessage], stop: Any = None, run_manager: Any = None, **kw: Any) -> ChatResult:
+    def _generate(self, messages: list[BaseMessage], stop: Any = None, run_manager: Any = None,
+                  **kw: Any) -> ChatResult:
         raise self.error
 
 
@@ -137,7 +139,8 @@ def test_missing_anchor_level_names_file_and_criterion(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize(("change", "expected"), [
     (lambda d: d.update(scale="1-10"), "field 'scale': unknown field"),
-    (lambda d: d["criteria"][0].update(weight=2), "criterion 'emotional_expressiveness', field 'criteria.0.weight': unknown field"),
+    (lambda d: d["criteria"][0].update(weight=2),
+     "criterion 'emotional_expressiveness', field 'criteria.0.weight': unknown field"),
     (lambda d: d.update(target="episode"), "field 'target'"),
     (lambda d: d["criteria"][1].update(id="emotional_expressiveness"), "duplicate criterion id"),
     (lambda d: d["criteria"][4]["anchors"].update({6: "beyond"}), "unknown level 6"),
@@ -179,14 +182,16 @@ USABLE = [
     pytest.param(f"Here is my verdict:\n{GOOD}\nI hope this helps.", id="JSON in prose"),
     pytest.param(f"```json\n{GOOD}\n```", id="code fence"),
     pytest.param(f"<think>weigh {{it}}</think>{GOOD}", id="reasoning block"),
-    pytest.param(json.dumps({"rationale": "r", "scores": dict(zip(PERSONA_IDS, ["5", 4.0, " 3 ", 2, {"score": 1}]))}),
+    pytest.param(json.dumps({"rationale": "r",
+                             "scores": dict(zip(PERSONA_IDS, ["5", 4.0, " 3 ", 2, {"score": 1}], strict=True))}),
                  id="string, float and nested scores"),
     pytest.param(json.dumps({"Emotional Expressiveness": 5, "Empathetic Support Quality": 4,
                              "persona_consistency": 3, "Response Relevance": 2, "social_contribution": 1}),
                  id="flat, by criterion name"),
 ]
 MALFORMED = [
-    pytest.param(json.dumps({"scores": dict(zip(PERSONA_IDS[:4], [4] * 4))}), "missing criteria: social_contribution",
+    pytest.param(json.dumps({"scores": dict(zip(PERSONA_IDS[:4], [4] * 4, strict=True))}),
+                 "missing criteria: social_contribution",
                  id="missing criterion"),
     pytest.param(answer(6, 4, 4, 4, 4), "got 6", id="score 6"),
     pytest.param(answer(4, 0, 4, 4, 4), "got 0", id="score 0"),
@@ -255,7 +260,8 @@ class FlakyChat(ScriptedChat):
     faults: int = 2
     tries: int = 0
 
-    def _generate(self, messages: list[BaseMessage], stop: Any = None, run_manager: Any = None, **kw: Any) -> ChatResult:
+    def _generate(self, messages: list[BaseMessage], stop: Any = None, run_manager: Any = None,
+                  **kw: Any) -> ChatResult:
         self.tries += 1
         if self.tries <= self.faults:
             raise ConnectionError("dropped")
@@ -341,7 +347,8 @@ def test_failed_judgements_are_retried_next_run(roster: Roster, tmp_path: Path) 
     path = tmp_path / "judgements.jsonl"
     target = reply_targets(make_episode(), roster)[0]
     with JudgementCache(path) as cache:
-        failed = Judge("persona", ScriptedChat(replies=["no"]), model_name="m", max_attempts=1, cache=cache).judge(target)
+        failed = Judge("persona", ScriptedChat(replies=["no"]), model_name="m", max_attempts=1,
+                       cache=cache).judge(target)
     assert failed.status == "failed" and read_judgements(path) == []
     model = ScriptedChat(replies=[GOOD])
     with JudgementCache(path) as cache:

@@ -133,7 +133,8 @@ def test_seed_varies_with_the_graph_node_the_step_and_the_adapter(tiny_model: Pa
     steps = [model._seed(_RunManager({"langgraph_node": "first", "langgraph_step": step})) for step in (1, 2)]
     assert steps[0] != steps[1]  # the same node at another step
     other = model.model_copy(update={"adapter": "anchor"})
-    assert other._seed(_RunManager({"langgraph_node": "first"})) != model._seed(_RunManager({"langgraph_node": "first"}))
+    assert (other._seed(_RunManager({"langgraph_node": "first"}))
+            != model._seed(_RunManager({"langgraph_node": "first"})))
 
 
 class _RunManager:
@@ -215,7 +216,7 @@ def test_calls_of_any_sampling_share_a_batch(tiny_model: Path, monkeypatch: pyte
                              for t in temperatures])
     assert all(len(o) == 1 for o in outcomes)
     assert rows == [1, 7], rows  # the first alone, then every setting in one batch
-    assert all(o == greedy_alone for o, t in zip(outcomes, temperatures) if t == 0)
+    assert all(o == greedy_alone for o, t in zip(outcomes, temperatures, strict=True) if t == 0)
 
 
 def test_an_error_reaches_every_caller_of_the_batch(tiny_model: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -58,7 +58,7 @@ def test_draws_follow_the_distribution() -> None:
         sampler = RowSampler([setting], [42], [0], "cpu")
         picks = [drawn(sampler, torch.zeros(1, 1, dtype=torch.long), scores)[0] for _ in range(4000)]
         frequencies = [picks.count(token) / len(picks) for token in range(4)]
-        assert all(abs(f - e) < 0.03 for f, e in zip(frequencies, expected)), (setting, frequencies)
+        assert all(abs(f - e) < 0.03 for f, e in zip(frequencies, expected, strict=True)), (setting, frequencies)
 
 
 def test_repetition_penalty_ignores_left_padding() -> None:

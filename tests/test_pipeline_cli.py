@@ -84,7 +84,8 @@ def test_group_reward_model_from_sibling_blocks(tiny_model: Path, tmp_path: Path
                "--out", str(tmp_path / "episode-blocks.jsonl"))
     assert refused.returncode == 2 and "candidate blocks" in refused.stderr
     judged = [json.loads(line) for line in (tmp_path / "judged-blocks.jsonl").read_text().splitlines()]
-    assert len(judged) == len(siblings) and len({(j["context_id"], j["judgement"]["sample"]) for j in judged}) == len(judged)
+    assert len(judged) == len(siblings)
+    assert len({(j["context_id"], j["judgement"]["sample"]) for j in judged}) == len(judged)
     pairs = mascot("pairs", "--in", str(tmp_path / "judged-blocks.jsonl"), "--min-margin", "0.25",
                    "--test-fraction", "0.4", "--out", str(tmp_path / "group-pairs"))
     train = [json.loads(line) for line in (tmp_path / "group-pairs" / "train.jsonl").read_text().splitlines()]

@@ -89,10 +89,12 @@ def test_demo_recipe_gives_a_real_model_each_roles_budget(tmp_path: Path) -> Non
         plan = dict(stages(load_recipe(write(tmp_path, demo_recipe(model, judge_url=judge_url))), tmp_path))
         for stage in ("rollout", "candidates", "eval"):
             flags = plan[stage]
-            found = flags[flags.index("--max-tokens"):flags.index("--max-tokens") + 2] if "--max-tokens" in flags else []
+            found = (flags[flags.index("--max-tokens"):flags.index("--max-tokens") + 2] if "--max-tokens" in flags
+                     else [])
             assert found == expected, (model, stage, flags)
         judge = plan["judge-blocks"]
-        assert judge[judge.index("--model") + 1] == ("stub-judge" if judge_url else "real")  # a real model judges itself
+        # a real model judges itself
+        assert judge[judge.index("--model") + 1] == ("stub-judge" if judge_url else "real")
     # a stronger judge than the policy, in every stage that judges
     plan = dict(stages(load_recipe(write(tmp_path, demo_recipe("real", judge_url=None, judge_model="strong"))),
                        tmp_path))

@@ -41,10 +41,13 @@ def test_policy_file_defaults_and_relative_paths(tmp_path: Path, roster) -> None
 @pytest.mark.parametrize(
     ("data", "expected"),
     [
-        ({"roles": {"socrates": {"model": "m"}}}, "unknown role 'socrates' for roster 'emotional_support'; valid: director, user, judge, default, anchor"),
-        ({"roles": {"anchor": {"model": "m", "temprature": 1}}}, "role 'anchor': field 'temprature': Extra inputs are not permitted"),
+        ({"roles": {"socrates": {"model": "m"}}},
+         "unknown role 'socrates' for roster 'emotional_support'; valid: director, user, judge, default, anchor"),
+        ({"roles": {"anchor": {"model": "m", "temprature": 1}}},
+         "role 'anchor': field 'temprature': Extra inputs are not permitted"),
         ({"roles": {"anchor": {"kind": "openai", "model": "m", "adapter": "x"}}}, "adapter is for kind 'local'"),
-        ({"roles": {"anchor": {"kind": "local", "model": "m", "base_url": "http://x"}}}, "base_url and api_key_env are for kind 'openai'"),
+        ({"roles": {"anchor": {"kind": "local", "model": "m", "base_url": "http://x"}}},
+         "base_url and api_key_env are for kind 'openai'"),
         ({"roles": {"anchor": {"kind": "cloud", "model": "m"}}}, "field 'kind'"),
         ({"roles": {}}, "no roles defined"),
         ({"rols": {}}, "field 'rols'"),
@@ -96,7 +99,8 @@ def test_openai_compatible_roles_drive_the_graph(roster, monkeypatch, caplog, tm
         "roles": {"director": {"model": "director-adapter"}, "default": {"model": "speaker-base"},
                   "catalyst": {"model": "catalyst-adapter", "temperature": 0.2}},
     })
-    policies = Policies.from_file(path, roster, seed=7, http_client=httpx.Client(transport=httpx.MockTransport(handler)))
+    policies = Policies.from_file(path, roster, seed=7,
+                                  http_client=httpx.Client(transport=httpx.MockTransport(handler)))
     caplog.set_level(logging.DEBUG)
     graph = create_director_graph(roster, director=policies.chat_model("director"), speakers=policies.speakers(),
                                   structured_output=True).compile()

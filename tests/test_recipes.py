@@ -15,7 +15,8 @@ from mascot.training.fitting.reward_model import RewardModelConfig
 from mascot.training.fitting.speaker_dpo import SpeakerDPOConfig
 from mascot.training.fitting.speaker_training import SpeakerTrainingConfig
 
-SHIPPED = sorted(p.name.removesuffix(".yaml") for p in resources.files("mascot.training.fitting").joinpath("recipes").iterdir()
+SHIPPED = sorted(p.name.removesuffix(".yaml")
+                 for p in resources.files("mascot.training.fitting").joinpath("recipes").iterdir()
                  if p.name.endswith(".yaml"))
 # a GPU recipe asks for bf16; on a CPU the same flags a user would give turn it off
 ON_CPU = [] if torch.cuda.is_available() else ["--bf16", "false", "--use_cpu", "true"]

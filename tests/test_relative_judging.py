@@ -64,7 +64,8 @@ class LogprobChat(BaseChatModel):
     def _llm_type(self) -> str:
         return "logprob-fake"
 
-    def _generate(self, messages: list[BaseMessage], stop: Any = None, run_manager: Any = None, **kw: Any) -> ChatResult:
+    def _generate(self, messages: list[BaseMessage], stop: Any = None, run_manager: Any = None,
+                  **kw: Any) -> ChatResult:
         assert kw.get("logprobs") is True and kw.get("max_tokens") == 1  # what the pairwise judge asks for
         a, b = _shown(messages[-1].text, "[AB]")
         p = self.p_a(a, b)

@@ -33,7 +33,8 @@ def test_clean_reply(text: str, expected: str) -> None:
 def test_a_reply_that_loops_is_cut_where_it_repeats_a_sentence() -> None:
     from mascot.graphs.reply import cut_repetition
 
-    assert cut_repetition("I wonder. What makes you sure? What makes you sure? What makes") == "I wonder. What makes you sure?"
+    assert (cut_repetition("I wonder. What makes you sure? What makes you sure? What makes")
+            == "I wonder. What makes you sure?")
     assert cut_repetition("Line one.\n\nLine two! line ONE?") == "Line one.\n\nLine two!"
     assert cut_repetition("No loop here. None at all.") == "No loop here. None at all."
 

@@ -14,6 +14,7 @@ import pytest
 from fakes import PromptChat, digest, director_fake, speaker_fake
 
 from mascot.graphs import create_director_graph
+from mascot.redaction import Redactor
 from mascot.rosters import Roster, load_scenarios
 from mascot.training.episodes.episode import SCHEMA_VERSION, EpisodeError, read_episodes
 from mascot.training.episodes.rollout import (
@@ -23,7 +24,6 @@ from mascot.training.episodes.rollout import (
     plan_episodes,
 )
 from mascot.training.jsonl import JsonlAppender, JsonlError, exclusive
-from mascot.redaction import Redactor
 from mascot.training.retry import model_retry_policy, transient_error
 
 
@@ -129,7 +129,9 @@ def test_graph_retry_policy_gets_past_transient_faults(roster: Roster, tmp_path:
 
     def flaky(prompt: str) -> BaseException | None:
         calls.append(prompt)
-        return openai.APITimeoutError(request=httpx.Request("POST", "http://127.0.0.1")) if len(calls) % 3 == 1 else None
+        if len(calls) % 3 == 1:
+            return openai.APITimeoutError(request=httpx.Request("POST", "http://127.0.0.1"))
+        return None
 
     graph = _graph(roster, user=speaker_fake(fail=flaky),
                    retry_policy=model_retry_policy(3, initial_interval=0.01, max_interval=0.02))

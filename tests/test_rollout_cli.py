@@ -157,7 +157,8 @@ def test_workers_share_one_plan_and_files(tmp_path: Path) -> None:
 
 
 def test_workers_need_server_policies(tiny_model: Path, tmp_path: Path) -> None:
-    result = rollout("--model", str(tiny_model), "--episodes", "2", "--workers", "2", "--out", str(tmp_path / "e.jsonl"))
+    result = rollout("--model", str(tiny_model), "--episodes", "2", "--workers", "2",
+                     "--out", str(tmp_path / "e.jsonl"))
     assert result.returncode == 2 and "--workers needs every role on a server" in result.stderr
 
 

@@ -71,7 +71,8 @@ def _valid() -> dict:
     [
         (lambda d: d["personas"].__setitem__(1, {**d["personas"][1], "id": "anchor"}), "duplicate persona id: anchor"),
         (lambda d: d["personas"][0].__setitem__("persona", ""), "personas.0.persona"),
-        (lambda d: d["personas"][0].__setitem__("mood", "x"), "unknown field (valid fields: boundaries, goals, id, name, persona, role, style)"),
+        (lambda d: d["personas"][0].__setitem__("mood", "x"),
+         "unknown field (valid fields: boundaries, goals, id, name, persona, role, style)"),
         (lambda d: d["personas"][0].__setitem__("id", "user"), "reserved"),
         (lambda d: d.__setitem__("personas", d["personas"][:1]), "field 'personas'"),
         (lambda d: d["user_profiles"][0]["ocean"].__setitem__("openness", 7), "user_profiles.0.ocean.openness"),
@@ -270,7 +271,8 @@ def test_duplicates_are_listed_with_the_other_problems(tmp_path: Path) -> None:
         "field 'version'", "field 'personas.1.persona'", "field 'personas'", "field 'user_profiles.0.openness'",
         "field 'user_profiles'"]
     assert info.value.problems[2] == f"field 'personas': duplicate persona id: {data['personas'][0]['id']}"
-    assert info.value.problems[4] == f"field 'user_profiles': duplicate user profile id: {data['user_profiles'][1]['id']}"
+    assert (info.value.problems[4]
+            == f"field 'user_profiles': duplicate user profile id: {data['user_profiles'][1]['id']}")
     assert info.value.summary == f"{path}: 5 problems:"
 
 
@@ -319,8 +321,9 @@ def test_schema_reference_documents_every_field_and_rule() -> None:
         for name, field in model.model_fields.items():
             assert field.description, f"{model.__name__}.{name} has no description"
             assert f"| `{name}` |" in text
-    for rule in ("2–12 items", "40–4000 characters", "at least 1", "from 0.0 to 1.0", "matches `^[a-z][a-z0-9_]{0,39}$`",
-                 "one of `negative`, `mixed`, `positive`", "one of `easy`, `medium`, `hard`", "`director`"):
+    for rule in ("2–12 items", "40–4000 characters", "at least 1", "from 0.0 to 1.0",
+                 "matches `^[a-z][a-z0-9_]{0,39}$`", "one of `negative`, `mixed`, `positive`",
+                 "one of `easy`, `medium`, `hard`", "`director`"):
         assert rule in text
 
 

@@ -206,18 +206,18 @@ find_spec = importlib.util.find_spec
 importlib.util.find_spec = lambda name, *a: None if name.split('.')[0] in EXTRAS else find_spec(name, *a)
 """
 
-PLAIN = PLAIN_INSTALL + f"""
+PLAIN = PLAIN_INSTALL + """
 import logging
 logging.basicConfig(level=logging.INFO, format="%(name)s: %(message)s")
 from langchain_core.language_models.fake_chat_models import GenericFakeChatModel
 from langchain_core.messages import AIMessage
 from mascot import create_director_graph, load_roster
 roster = load_roster("emotional_support")
-director = GenericFakeChatModel(messages=iter([AIMessage('{{"speaker": "anchor", "action": "listen", "tone": "warm"}}'),
-                                               AIMessage('{{"speaker": "user", "action": "over", "tone": "calm"}}')]))
+director = GenericFakeChatModel(messages=iter([AIMessage('{"speaker": "anchor", "action": "listen", "tone": "warm"}'),
+                                               AIMessage('{"speaker": "user", "action": "over", "tone": "calm"}')]))
 voice = GenericFakeChatModel(messages=iter([AIMessage("That sounds hard. What happened?")]))
 graph = create_director_graph(roster, director=director, speakers=voice, user=None).compile()
-state = graph.invoke({{"messages": [("user", "I failed my driving test again")]}})
+state = graph.invoke({"messages": [("user", "I failed my driving test again")]})
 print([m.name for m in state["messages"] if m.type == "ai"], state["guard"])
 print(sorted(m for m in EXTRAS if m in sys.modules))
 """

@@ -108,7 +108,8 @@ def test_samples_play_each_passing_direction_as_a_one_turn_block(roster: Roster,
     heard = []
     voice = PromptChat(reply=lambda p: heard.append(p) or "How can I assist you today?")
     points = [p for p in decision_points(episodes, roster) if p.round_turns == 0][:2]
-    asyncio.run(sample_warm_start(points, [], roster, {"policy": dict.fromkeys(["director", *roster.persona_ids], good)},
+    asyncio.run(sample_warm_start(points, [], roster,
+                                  {"policy": dict.fromkeys(["director", *roster.persona_ids], good)},
                                   k=1, out=tmp_path / "s.jsonl", play=dict.fromkeys(roster.persona_ids, voice)))
     rows = [json.loads(line) for line in (tmp_path / "s.jsonl").read_text().splitlines()]
     played = [r for r in rows if r["fault"] is None]
@@ -122,7 +123,8 @@ def test_samples_play_each_passing_direction_as_a_one_turn_block(roster: Roster,
 def test_pairs_from_samples_then_dpo_of_the_director_with_an_sft_term(tiny_model: Path, roster: Roster,
                                                                       tmp_path: Path) -> None:
     rows = [_direction(f"p{i}", s, OWN if s else REPEAT) for i in range(3) for s in range(2)]
-    rows += [r for i in range(3) for r in (_reply(f"c{i}", 0, OWN), _reply(f"c{i}", 1, "Sorry, I cannot help.", "refusal"))]
+    rows += [r for i in range(3)
+             for r in (_reply(f"c{i}", 0, OWN), _reply(f"c{i}", 1, "Sorry, I cannot help.", "refusal"))]
     path = _write(tmp_path / "samples.jsonl", rows)
     result = mascot("pairs", "--samples", str(path), *ROSTER, "--min-margin", "0", "--out", str(tmp_path / "pairs"))
     assert "director 3, speakers 3; 3 against a faulty sample" in result.stdout
@@ -141,7 +143,8 @@ def test_pairs_from_samples_then_dpo_of_the_director_with_an_sft_term(tiny_model
                      str(tmp_path / "x"), ok=False)
     assert refused.returncode == 2 and "--method dpo needs --pairs" in refused.stderr.strip().splitlines()[-1]
     speakers_only = tmp_path / "speakers-only.jsonl"
-    speakers_only.write_text("".join(line + "\n" for line in (tmp_path / "pairs" / "train.jsonl").read_text().splitlines()
+    speakers_only.write_text("".join(line + "\n"
+                                     for line in (tmp_path / "pairs" / "train.jsonl").read_text().splitlines()
                                      if json.loads(line)["persona"] != "director"))
     skipped = mascot("train-director", *ROSTER, "--method", "dpo", "--base", str(tiny_model), "--pairs",
                      str(speakers_only), "--init_adapter", str(tmp_path / "adapters" / "director"), "--out",

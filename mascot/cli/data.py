@@ -220,8 +220,8 @@ def _unit_interval(text: str) -> float:
 
 def _pairs(args: argparse.Namespace) -> int:
     from mascot.training.data.pairs import build_pairs, write_pairs
-    from mascot.training.judging.judgement import JudgedCandidate
     from mascot.training.jsonl import read_jsonl
+    from mascot.training.judging.judgement import JudgedCandidate
 
     if args.approvals:
         return _approval_pairs(args)

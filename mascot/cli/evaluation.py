@@ -51,7 +51,8 @@ def add_commands(commands: argparse._SubParsersAction) -> None:
                           help="rubrics the judge applies (default persona,group,direction; direction is the "
                                "stage-direction compliance metric)")
     evaluate.add_argument("--groupthink", type=int, default=0, metavar="N",
-                          help="also play N of the roster's held-out groupthink probes (at most all of them; plain and after a "
+                          help="also play N of the roster's held-out groupthink probes (at most all of them; "
+                               "plain and after a "
                                "confederate) through every system and report endorses-only, concern and "
                                "conformity rates (default 0: not measured)")
     evaluate.add_argument("--concurrency", type=positive, default=4, metavar="C")

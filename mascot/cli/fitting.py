@@ -139,7 +139,8 @@ def _train_speakers(args: argparse.Namespace) -> int:
             if is_finished(target) and not args.retrain:
                 err.print(f"{name}: already trained in {target} (--retrain to train again)", markup=False)
             elif args.method == "dpo":
-                mine = [r for r in rows if (r.get("persona") in personas if persona is None else r.get("persona") == persona)]
+                mine = [r for r in rows
+                        if (r.get("persona") in personas if persona is None else r.get("persona") == persona)]
                 if not mine:
                     raise UsageError(f"--pairs: no pairs of persona '{name}' in {args.pairs}")
                 err.print(f"{name}: DPO on {len(mine)} pairs from {base}", markup=False)

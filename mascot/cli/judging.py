@@ -95,7 +95,8 @@ def _judge(args: argparse.Namespace) -> int:
     on_candidates = "context_id" in first
     candidate_kind = "block" if "turns" in first else "reply"  # mascot blocks / mascot candidates
     if on_candidates and rubric.target != candidate_kind:
-        raise UsageError(f"{args.source} holds candidate {candidate_kind}s; rubric '{rubric.id}' judges {rubric.target}s")
+        raise UsageError(f"{args.source} holds candidate {candidate_kind}s; "
+                         f"rubric '{rubric.id}' judges {rubric.target}s")
     out_file = check_writable(args.out)
     cache_file = check_writable(args.cache or out_file.with_name(f"{out_file.name.removesuffix('.jsonl')}.cache.jsonl"))
     if out_file.resolve() in (cache_file.resolve(), source.resolve()):
@@ -119,7 +120,8 @@ def _judge(args: argparse.Namespace) -> int:
         episodes = read_episodes(source)
         try:
             targets = [t for e in episodes for t in (
-                reply_targets(e, roster) if rubric.target == "reply" else block_targets(e, roster, block_turns=args.block_turns))]
+                reply_targets(e, roster) if rubric.target == "reply"
+                else block_targets(e, roster, block_turns=args.block_turns))]
         except ValueError as exc:
             raise UsageError(f"--in: {exc}") from None
     if not targets:
@@ -208,8 +210,8 @@ def _judge_sanity(args: argparse.Namespace) -> int:
         load_sanity_set,
         metric_sanity,
     )
-    from mascot.training.judging.relative import RelativeJudge
     from mascot.training.judging.judgement import JudgementCache
+    from mascot.training.judging.relative import RelativeJudge
     from mascot.training.judging.rubric import load_rubric
 
     if args.source:

@@ -24,7 +24,8 @@ def add_commands(commands: argparse._SubParsersAction) -> None:
                       help="with --model: the judge (default: the offline 1.5B model when `mascot offline-model "
                            "--model qwen2.5-coder-1.5b-instruct` has built it into the cache, else --model itself)")
     demo.add_argument("--engine", choices=("local", "vllm"), default="local",
-                      help="what runs the generating stages; vllm only with --model (the demo's tiny random model runs on the local engine)")
+                      help="what runs the generating stages; vllm only with --model (the demo's tiny random model "
+                           "runs on the local engine)")
     demo.set_defaults(run=_demo)
 
 
@@ -55,7 +56,8 @@ def _demo(args: argparse.Namespace) -> int:
     except PipelineError as exc:
         raise UsageError(str(exc)) from None
     if args.engine == "vllm" and not args.model:
-        raise UsageError("--engine vllm needs --model (a real model; the tiny random one is built for the local engine)")
+        raise UsageError("--engine vllm needs --model "
+                         "(a real model; the tiny random one is built for the local engine)")
     if args.judge_model and not args.model:
         raise UsageError("--judge-model goes with --model (the tiny random model is judged by the stub server)")
     folder = Path(args.out).resolve()

@@ -261,7 +261,8 @@ def stages(recipe: PipelineRecipe, base: Path) -> list[tuple[str, list[str]]]:
                           *(["--sft", str(out / "sft" / "policies.yaml")] if recipe.sft is not None else []),
                           *_file_flag("--scenarios", e.scenarios, base),
                           "--episodes", str(e.episodes), "--max-rounds", str(e.max_rounds),
-                          *_budget_flag(e.max_tokens), "--rubrics", ",".join(e.rubrics), "--concurrency", str(e.concurrency),
+                          *_budget_flag(e.max_tokens), "--rubrics", ",".join(e.rubrics),
+                          "--concurrency", str(e.concurrency),
                           *(["--metrics-only", ",".join(e.metrics_only)] if e.metrics_only else []),
                           "--seed", str(recipe.seed), *_judge_flags(recipe.judge, base, "judge-"), *engine,
                           "--out", str(out / "eval")]))

@@ -110,7 +110,8 @@ def replace_reference(document: str, reference: str, start: str = START, end: st
 def main(argv: Sequence[str] | None = None) -> int:
     """Print the reference, or write it into a document between its markers."""
     parser = argparse.ArgumentParser(prog="python -m mascot.cli.reference", description=__doc__.splitlines()[0])
-    parser.add_argument("--write", type=Path, metavar="FILE", help="replace the references between their markers in FILE")
+    parser.add_argument("--write", type=Path, metavar="FILE",
+                        help="replace the references between their markers in FILE")
     args = parser.parse_args(argv)
     if args.write is None:
         sys.stdout.write(cli_reference())

@@ -15,9 +15,9 @@ from langgraph.types import Command, RetryPolicy, interrupt
 from openai import LengthFinishReasonError
 
 from mascot.graphs.direction import StageDirection, direction_schema, interpret_direction
+from mascot.graphs.moderation import AppDetector, ModeratedDetector
 from mascot.graphs.node import Node
 from mascot.graphs.prompts import director_messages
-from mascot.graphs.moderation import AppDetector, ModeratedDetector
 from mascot.graphs.risk import PEAK
 from mascot.graphs.safety import SafetyDetector, SafetyGuard
 from mascot.graphs.speaker import speaker_node

@@ -48,8 +48,7 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable, Sequence
 
-from mascot.graphs.reply import (COPY_WORDS, QUOTE_WORDS, copies, cut_quotes, echoes, shared_run, user_labels,
-                                 word_count)
+from mascot.graphs.reply import COPY_WORDS, QUOTE_WORDS, copies, cut_quotes, echoes, shared_run, user_labels, word_count
 from mascot.rosters import Roster
 
 #: The faults ``reply_faults`` names, in the order it tests them.
@@ -64,7 +63,8 @@ TONE_WORDS = 6
 _OPENER = r"(?:(?:oh(?:\s+no)?|oh\s+dear|ah|hmm+|well|okay|ok|sure|hey|yes|no)\W+){0,3}"
 _REFUSAL = re.compile(
     r"\W*" + _OPENER +
-    r"(?:(?:i'?m|i am)\s+(?:really\s+|so\s+|very\s+|truly\s+)?sorry(?:\s+for\s+[^,.!?]{0,40})?[,.!]?\s*(?:but\s*)?|sorry[,.!]?\s*(?:but\s*)?|"
+    r"(?:(?:i'?m|i am)\s+(?:really\s+|so\s+|very\s+|truly\s+)?sorry(?:\s+for\s+[^,.!?]{0,40})?[,.!]?\s*(?:but\s*)?|"
+    r"sorry[,.!]?\s*(?:but\s*)?|"
     r"i\s+(?:do\s+)?apologi[sz]e(?:\s+for\s+[^,.!?]{0,40})?[,.!]?\s*(?:but\s*)?|"
     r"unfortunately[,]?\s*)?"
     r"(?:i|we)\s*(?:can(?:no|')?t|cannot|am\s+unable\s+to|'m\s+unable\s+to|am\s+not\s+able\s+to|'m\s+not\s+able\s+to|"
@@ -92,7 +92,8 @@ _HELPDESK = re.compile(
     r"|\banything else I (?:can|could|may) (?:help|assist) you with\b"
     r"|\bwhat (?:would|do) you (?:like|want|need) (?:me )?to (?:do|talk (?:to me )?about|discuss|help (?:you )?with)\b"
     r"|\bwhat can I (?:do|help you with)(?: for you)?\s*(?:today)?\s*\?"
-    r"|\b(?:I'?d|I would|I'?m|I am) (?:be )?(?:happy|glad|here) to (?:help|assist)(?:\s+you)?\s*(?:with that|today)?\s*[.!]"
+    r"|\b(?:I'?d|I would|I'?m|I am) (?:be )?(?:happy|glad|here) to (?:help|assist)"
+    r"(?:\s+you)?\s*(?:with that|today)?\s*[.!]"
     r"|^\W*(?:sure|certainly|of course)[,!.]?\s+(?:I can|I'?d be|here'?s|here is)\b"
     r"|\bfeel free to (?:ask|reach out)\b"
     r"|\bif you have any (?:other |more |further )?questions\b"
@@ -223,7 +224,8 @@ def reply_fault(text: str, *, person: str = "", voices: Sequence[str] = (), pers
     return found[0] if found else None
 
 
-def direction_faults(action: str, tone: str, *, names: Iterable[str] = (), shown: Iterable[str] = ()) -> tuple[str, ...]:
+def direction_faults(action: str, tone: str, *, names: Iterable[str] = (),
+                     shown: Iterable[str] = ()) -> tuple[str, ...]:
     """Every fault of a direction to a voice, in ``DIRECTION_FAULTS`` order (empty: an
     instruction in the Director's own words). A hand-back to the person needs none.
 

@@ -66,7 +66,8 @@ def director_messages(
         roster, messages, round_turns=round_turns, min_speakers_per_round=min_speakers_per_round, seed=offer_seed)
     # ids, names and roles only: a weak model copies any description it is shown into the
     # action it writes
-    voices = "\n".join(f"- {p.id}: {p.name}, the {p.role}" for p in (roster.persona(pid) for pid in allowed if pid != USER))
+    voices = "\n".join(f"- {p.id}: {p.name}, the {p.role}"
+                       for p in (roster.persona(pid) for pid in allowed if pid != USER))
     spoke = ", ".join(roster.persona(pid).name for pid in heard if pid in roster.persona_ids)
     hand_back = f', or "{USER}" to hand the turn back to the person' if USER in allowed else ""
     system = (

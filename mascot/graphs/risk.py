@@ -63,7 +63,8 @@ def _words(*alternatives: str) -> re.Pattern[str]:
 STAGES: tuple[Stage, ...] = (
     Stage("passive_wish", 0.45, _words(
         r"wish (?:i|I) (?:was|were)(?:n'?t| not) (?:here|alive|born)", r"wish i could (?:just )?(?:disappear|vanish)",
-        r"never wake up", r"not wake up", r"better off without me", r"(?:don'?t|do not) want to (?:be here|exist|be alive|wake up)",
+        r"never wake up", r"not wake up", r"better off without me",
+        r"(?:don'?t|do not) want to (?:be here|exist|be alive|wake up)",
         r"no point (?:in )?(?:going on|living|any of it)", r"tired of (?:living|existing|being alive)",
         r"(?:a|the) burden (?:on|to) (?:everyone|them|my)", r"wouldn'?t (?:even )?(?:notice|miss me)",
         r"not (?:be )?here anymore", r"want (?:it )?(?:all )?to stop (?:for good|permanently)",
@@ -79,7 +80,8 @@ STAGES: tuple[Stage, ...] = (
     Stage("intent_time", 0.65, _words(
         r"made up my mind", r"(?:it'?s|its) decided", r"(?:picked|chosen|set) a (?:date|day|time)", r"have a plan",
         r"my plan is", r"tonight'?s the (?:night|one)", r"tonight feels right", r"won'?t be (?:around|here)",
-        r"last (?:message|time you'?ll)", r"(?:it'?s|its) (?:time|enough)\b", r"not (?:going to|gonna) be (?:around|here)",
+        r"last (?:message|time you'?ll)", r"(?:it'?s|its) (?:time|enough)\b",
+        r"not (?:going to|gonna) be (?:around|here)",
         r"after (?:this|the) (?:weekend|week)", r"ready to (?:go|let go)", r"one way or another", r"found the nerve",
         r"nobody'?s? (?:home|around) (?:till|until)")),
     Stage("preparation", 0.6, _words(
@@ -99,7 +101,8 @@ OTHERS_PATTERN = _words(
     r"(?:my|a|her|his) (?:friend|colleague|coworker|cousin|brother|sister|mum|mom|dad|neighbou?r|uncle|aunt)'?s? "
     r"(?:said|told|was|used to|went through|tried|once)",
     r"(?:he|she|they) (?:said|says|wants|wanted|tried|was|is) (?:to|that|going)", r"on the news", r"in the news",
-    r"(?:years|months) ago", r"used to", r"back then", r"looking back", r"when i was (?:younger|a teen|at school|in school)",
+    r"(?:years|months) ago", r"used to", r"back then", r"looking back",
+    r"when i was (?:younger|a teen|at school|in school)",
     r"(?:i'?m|i am) (?:doing )?(?:much |so much |a lot )?better now", r"(?:over|past) (?:it|that) now", r"lyrics?")
 
 

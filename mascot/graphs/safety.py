@@ -35,7 +35,16 @@ from langchain_core.messages import BaseMessage
 
 from mascot.graphs import risk as running
 from mascot.graphs.embeddings import Embedder, default_embedder
-from mascot.graphs.safety_heads import FIT_RATE, FIT_STEPS, StoredHead, cache_head, fit_head, head_key, load_head, softmax
+from mascot.graphs.safety_heads import (
+    FIT_RATE,
+    FIT_STEPS,
+    StoredHead,
+    cache_head,
+    fit_head,
+    head_key,
+    load_head,
+    softmax,
+)
 from mascot.graphs.safety_window import (
     WINDOW_THRESHOLD,
     WindowClassifier,
@@ -369,7 +378,8 @@ class SafetyDetector:
         triggers = tuple((i + 1, text) for i, rule in enumerate(self.rules) for text in rule.triggers)
         negatives = tuple(dict.fromkeys([*(t for rule in self.rules for t in rule.near_misses),
                                          *everyday_messages()]))
-        return (tuple(t for _, t in triggers) + negatives, tuple(label for label, _ in triggers) + (0,) * len(negatives),
+        return (tuple(t for _, t in triggers) + negatives,
+                tuple(label for label, _ in triggers) + (0,) * len(negatives),
                 len(triggers))
 
     def _settings(self) -> dict[str, float]:
@@ -512,7 +522,8 @@ class SafetyGuard:
             rule = self.roster.safety_rule(name)
             was = before.get(name)
             fired = self._fired_round(earlier, name)
-            expired = was is not None and rule.persists_rounds is not None and round_index - fired > rule.persists_rounds
+            expired = (was is not None and rule.persists_rounds is not None
+                       and round_index - fired > rule.persists_rounds)
             if expired or not running.in_force(risk, name, was_in_force=was is not None):
                 continue
             if was is None:

@@ -10,6 +10,7 @@ from langchain_core.language_models import BaseChatModel
 from langchain_core.messages import AIMessage, BaseMessage
 
 from mascot.graphs.direction import StageDirection
+from mascot.graphs.faults import copies_voice
 from mascot.graphs.node import Node
 from mascot.graphs.prompts import speaker_messages
 from mascot.graphs.reply import (
@@ -21,7 +22,6 @@ from mascot.graphs.reply import (
     user_labels,
     word_count,
 )
-from mascot.graphs.faults import copies_voice
 from mascot.graphs.safety import has_resources
 from mascot.graphs.state import DirectorState, round_messages
 from mascot.rosters import Persona, Roster

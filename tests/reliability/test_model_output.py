@@ -53,7 +53,8 @@ VALID = {*ROSTER.persona_ids, USER}
 def test_any_director_output_routes_inside_the_roster(output: str, round_turns: int, recent: list[str]) -> None:
     direction = interpret_direction(output, ROSTER, recent_speakers=recent, round_turns=round_turns,
                                     min_speakers_per_round=1)
-    kind = "valid" if not direction.fallback else "repaired" if direction.fallback.startswith("repaired") else "replaced"
+    kind = ("valid" if not direction.fallback
+            else "repaired" if direction.fallback.startswith("repaired") else "replaced")
     count(inputs_tried=1, **{f"director outputs {kind}": 1})
     assert direction.speaker in VALID
     if round_turns < 1:

@@ -54,7 +54,8 @@ def test_the_key_reaches_no_file_nor_output(tiny_model: Path, tmp_path: Path, mo
     for name, value in ENV.items():
         monkeypatch.setenv(name, value)
     # in this process, whose training imports are paid already
-    assert main(["train-rm", "--pairs", str(write_warm_over_curt_pairs(tmp_path / "episodes.jsonl", tmp_path / "pairs")), "--base", str(tiny_model), "--out", str(tmp_path / "rm"),
+    pairs = write_warm_over_curt_pairs(tmp_path / "episodes.jsonl", tmp_path / "pairs")
+    assert main(["train-rm", "--pairs", str(pairs), "--base", str(tiny_model), "--out", str(tmp_path / "rm"),
                  "--max_steps", "1"]) == 0
     outputs.extend(capsys.readouterr())
     assert "Bearer ***" in (tmp_path / "trace.jsonl").read_text()  # the echoed key was there, masked

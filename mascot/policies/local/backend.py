@@ -291,7 +291,7 @@ class LocalBackend:
         """One ``model.generate`` for the rows of ``batch`` (the batcher holds the lock);
         a request naming an adapter unloaded since it was queued gets its own error."""
         outcomes: list[list[Generation] | BaseException | None] = [self._stale(job.payload) for job in batch]
-        calls = [job.payload for job, outcome in zip(batch, outcomes) if outcome is None]
+        calls = [job.payload for job, outcome in zip(batch, outcomes, strict=False) if outcome is None]
         if calls:
             replies = iter(self._generate_rows(calls))
             outcomes = [next(replies) if outcome is None else outcome for outcome in outcomes]
@@ -312,7 +312,7 @@ class LocalBackend:
                     "pad_token_id": self.tokenizer.pad_token_id, **GREEDY_GENERATE}
         with torch.no_grad():
             output = self.model.generate(**inputs, **decoding, logits_processor=processors, **names)
-        per_row = iter(zip(output[:, width:].tolist(), (len(prompt) for prompt in prompts)))
+        per_row = iter(zip(output[:, width:].tolist(), (len(prompt) for prompt in prompts), strict=False))
         return [[self._reply(tokens[: call.max_new_tokens], prompt_tokens, call.stop)
                  for tokens, prompt_tokens in islice(per_row, len(call.prompts))] for call in calls]
 

@@ -159,6 +159,6 @@ class MicroBatcher(Generic[P]):
             outcomes = [exc] * len(batch)
         finally:
             with self._queue_changed:
-                for job, outcome in zip(batch, outcomes):
+                for job, outcome in zip(batch, outcomes, strict=False):
                     job.outcome = outcome
                 self._queue_changed.notify_all()

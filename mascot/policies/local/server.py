@@ -167,7 +167,8 @@ def create_app(
 
     @app.exception_handler(HTTPException)
     async def http_error(request: Request, exc: HTTPException) -> JSONResponse:
-        return _error(exc.status_code, str(exc.detail), "NotFoundError" if exc.status_code == 404 else "BadRequestError")
+        return _error(exc.status_code, str(exc.detail),
+                      "NotFoundError" if exc.status_code == 404 else "BadRequestError")
 
     @app.exception_handler(Exception)
     async def crash(request: Request, exc: Exception) -> JSONResponse:

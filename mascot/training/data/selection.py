@@ -101,7 +101,8 @@ def score_samples(rows: Sequence[Mapping[str, Any]], roster: Roster, *,
         if row.get("role") == "speakers":
             jobs.append((index, str(row["persona"]), str(row["completion"]), list(row.get("voices") or [])))
         elif row.get("block_reply") and row.get("block_speaker") in descriptions and not row.get("block_faults"):
-            jobs.append((index, str(row["block_speaker"]), str(row["block_reply"]), list(row.get("block_voices") or [])))
+            jobs.append((index, str(row["block_speaker"]), str(row["block_reply"]),
+                         list(row.get("block_voices") or [])))
     for _, _, text, voices in jobs:
         texts += [text, *voices]
     vectors = embedder.encode(texts) if jobs else []

@@ -40,11 +40,11 @@ from langchain_core.messages import HumanMessage
 
 from mascot.graphs.direction import StageDirection, interpret_direction
 from mascot.graphs.director import Decider
-from mascot.graphs.prompts import speaker_messages
-from mascot.graphs.reply import word_count
 from mascot.graphs.faults import DIRECTION_FAULTS as TEXT_DIRECTION_FAULTS
 from mascot.graphs.faults import REPLY_FAULTS as TEXT_REPLY_FAULTS
 from mascot.graphs.faults import direction_faults, persona_texts, reply_faults, voice_names
+from mascot.graphs.prompts import speaker_messages
+from mascot.graphs.reply import word_count
 from mascot.graphs.state import round_speakers
 from mascot.messages import chat_messages
 from mascot.rosters import USER, Roster

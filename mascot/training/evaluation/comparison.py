@@ -324,7 +324,8 @@ def evaluate(
 
 
 #: The systems whose Director is a model, and whose: the trained policy file's, the bare base's or the warm start's.
-MODEL_DIRECTORS = {"trained": "trained", "no_alignment": "trained", "untrained_director": "base", SFT_SYSTEM: SFT_SYSTEM}
+MODEL_DIRECTORS = {"trained": "trained", "no_alignment": "trained", "untrained_director": "base",
+                   SFT_SYSTEM: SFT_SYSTEM}
 
 
 def _with_assistant(roster: Roster) -> Roster:

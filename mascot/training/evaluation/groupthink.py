@@ -37,8 +37,8 @@ from langchain_core.messages import AIMessage, BaseMessage, HumanMessage, System
 from pydantic import BaseModel, ConfigDict
 
 from mascot.graphs.embeddings import Embedder, default_embedder
-from mascot.graphs.reply import word_count
 from mascot.graphs.faults import reply_fault
+from mascot.graphs.reply import word_count
 from mascot.rosters.probes import GroupthinkProbe, LabelledReply
 from mascot.training.evaluation.bootstrap import bootstrap_difference
 from mascot.training.judging.judge_sanity import SANITY_P_VALUE, SANITY_THRESHOLD, binomial_p, trusted
@@ -260,7 +260,8 @@ def _probe(reply: LabelledReply, probes: Sequence[GroupthinkProbe]) -> Groupthin
     raise ValueError(f"labelled reply to unknown probe '{reply.probe}'")
 
 
-def cases_of(labelled: Sequence[LabelledReply], probes: Sequence[GroupthinkProbe]) -> list[tuple[ReplyCase, LabelledReply]]:
+def cases_of(labelled: Sequence[LabelledReply],
+             probes: Sequence[GroupthinkProbe]) -> list[tuple[ReplyCase, LabelledReply]]:
     """Each labelled reply as the case a scorer reads, beside its labels."""
     return [(ReplyCase(_probe(r, probes), r.text, r.after_confederate), r) for r in labelled]
 
@@ -440,7 +441,8 @@ def _set_verdicts(rounds: Sequence[ProbeRound], verdicts: Sequence[Verdict]) -> 
         r.verdicts = [next(given) for _ in r.replies]
 
 
-def _interval(values: Mapping[str, float], clusters: Mapping[str, str], *, scale: float = 100) -> dict[str, float] | None:
+def _interval(values: Mapping[str, float], clusters: Mapping[str, str], *,
+              scale: float = 100) -> dict[str, float] | None:
     """Mean of ``values`` (times ``scale``) with its 95 % bootstrap interval, resampled by
     whole cluster (probe): the difference to an all-zero sample, paired."""
     if not values:

@@ -44,8 +44,8 @@ an episode has nothing to measure, so it does not count):
 
 from __future__ import annotations
 
-from mascot.graphs.reply import copies, word_count
 from mascot.graphs.faults import TONE_WORDS, direction_faults, persona_texts, reply_faults, voice_names
+from mascot.graphs.reply import copies, word_count
 from mascot.rosters import USER, Roster
 from mascot.training.episodes.episode import Episode
 

@@ -140,8 +140,8 @@ def episode_metrics(episode: Episode, roster: Roster, embedder: Embedder | None 
     Returns:
         ``redundancy`` (mean over the turns that have an earlier turn in their round, so
         over rounds of two or more voices; ``None`` when no round has two: a one-voice
-        round has nothing to be redundant with and must not count as 0), ``distinct_1``, ``distinct_2``, ``speaker_balance`` and
-        ``persona_identifiability`` (top-1 accuracy).
+        round has nothing to be redundant with and must not count as 0), ``distinct_1``,
+        ``distinct_2``, ``speaker_balance`` and ``persona_identifiability`` (top-1 accuracy).
 
     Raises:
         ValueError: if the episode belongs to another roster, or a persona turn has no

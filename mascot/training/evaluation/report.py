@@ -207,7 +207,8 @@ def _plots(summary: Mapping[str, Any], out: Path) -> list[Path]:
     written = []
     names = list(summary["systems"])
     for table in ("persona", "group"):
-        columns = [c for c in TABLES[table] if any(c in s["tables"].get(table, {}) for s in summary["systems"].values())]
+        columns = [c for c in TABLES[table]
+                   if any(c in s["tables"].get(table, {}) for s in summary["systems"].values())]
         if not columns:
             continue
         figure, axes = plt.subplots(figsize=(max(6, 1.6 * len(columns)), 3.9), layout="constrained")

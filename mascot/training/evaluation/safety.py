@@ -8,9 +8,10 @@ rule or ``null`` (a hard negative: "this exam is killing me", "I could murder a 
 held out. Two more hold conversations (the person's messages over two to four turns):
 ``building`` ones, where the risk builds and no message alone should fire, and hard
 negatives (worry resolved, hyperbole, a past event, a story), again a reported set
-(``safety_conversations.yaml``) and a dev set. ``safety_metrics`` reads an episode of any system, guarded or not, with the same
-detector: in every round whose opening message fires a rule, did the route's voices speak
-in order, did the giver give the resources, and was a forbidden voice heard?
+(``safety_conversations.yaml``) and a dev set. ``safety_metrics`` reads an episode of any
+system, guarded or not, with the same detector: in every round whose opening message fires
+a rule, did the route's voices speak in order, did the giver give the resources, and was a
+forbidden voice heard?
 """
 
 from __future__ import annotations

@@ -9,9 +9,10 @@ advantage compares the G directions written for the same prefix: a direction is 
 exactly when the conversation it leads to scores above the other directions' at that point.
 
 The reward terms (``mascot.training.rewards.DirectorRewards``), each logged by TRL as
-``rewards/<name>/mean`` and ``/std``, weighted by the recipe (``group_rm_weight``, ``redundancy_weight``, ``balance_weight``,
-``validity_weight``, ``fullness_weight``, ``copy_weight``), each on a fixed, documented scale so a weight means the same thing
-for every reward model:
+``rewards/<name>/mean`` and ``/std``, weighted by the recipe (``group_rm_weight``,
+``redundancy_weight``, ``balance_weight``, ``validity_weight``, ``fullness_weight``,
+``copy_weight``), each on a fixed, documented scale so a weight means the same thing for
+every reward model:
 
 - ``group_reward_model``: the group RM's logit of the block after its prefix, standardised
   within the blocks played for the same decision point in the batch (mean 0, standard

@@ -2,8 +2,9 @@
 
 ``train_reward_model`` fits one on preference pairs (TRL's ``RewardTrainer``, Bradley-Terry
 loss), measures held-out pairwise accuracy before and after, and saves the adapter, the
-head and the tokenizer with the adapter card every trainer writes (``lora_run``). ``RewardModel`` loads it back and scores replies;
-``RewardModel.reward_function`` gives a reward function in TRL's GRPO protocol (``rewards.model_reward``).
+head and the tokenizer with the adapter card every trainer writes (``lora_run``).
+``RewardModel`` loads it back and scores replies; ``RewardModel.reward_function`` gives a
+reward function in TRL's GRPO protocol (``rewards.model_reward``).
 
 A sequence is scored exactly as TRL tokenizes it for training: conversational pairs are the
 chat template over ``prompt + chosen`` (no generation prompt), rendered with the variables

@@ -98,7 +98,8 @@ class Judgement(BaseModel):
 
     @model_validator(mode="after")
     def _consistent(self) -> Judgement:
-        if self.status == "ok" and (self.overall is None or self.error or (self.mode == "absolute" and not self.scores)):
+        if self.status == "ok" and (self.overall is None or self.error
+                                    or (self.mode == "absolute" and not self.scores)):
             raise ValueError("an ok judgement has an overall score (and, absolute, the criterion scores) and no error")
         if self.status == "failed" and (self.scores or self.overall is not None or not self.error):
             raise ValueError("a failed judgement has an error and no scores")

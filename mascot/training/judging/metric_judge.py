@@ -56,8 +56,8 @@ import re
 from collections.abc import Sequence
 
 from mascot.graphs.embeddings import Embedder, Vector, default_embedder
-from mascot.graphs.reply import echoes, speaker_labels, strip_cues
 from mascot.graphs.faults import reply_fault
+from mascot.graphs.reply import echoes, speaker_labels, strip_cues
 from mascot.rosters import USER, Persona, Roster
 from mascot.training.judging.judgement import JudgedCandidate
 from mascot.training.measures import cosine, describe_persona  # as persona identifiability embeds and compares

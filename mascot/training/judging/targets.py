@@ -51,7 +51,8 @@ class ReplyTarget(BaseModel):
         p = self.persona
         text = f"## Persona\n{_card(p)}\n\n## Conversation so far\n{_transcript(self.context)}"
         if self.direction:
-            cue = "; ".join(f"{k}: {self.direction[k]}" for k in ("action", "tone", "addressee") if self.direction.get(k))
+            cue = "; ".join(f"{k}: {self.direction[k]}" for k in ("action", "tone", "addressee")
+                            if self.direction.get(k))
             text += f"\n\n## Stage direction given to {p.name}\n{cue}"
             guard = self.direction.get("guard")
             if guard:  # a safety rule governed the round: the reply is judged by what it demands
