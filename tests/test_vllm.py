@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -41,20 +42,23 @@ needs_vllm = pytest.mark.skipif(_engine() is None, reason="no vLLM environment: 
 
 @pytest.fixture(scope="module")
 def policy_file(offline_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """Two DPO adapters of the offline model, each pulled towards its own kind of reply."""
+    """Two adapters of the offline model: the Anchor's trained here by DPO (two steps towards
+    warm replies), the Catalyst's the speakers' adapter the package ships for this model
+    (``mascot.trained``; ``mascot offline-model`` copies it beside the model), so that one
+    training on the 0.5B is enough."""
+    from mascot.trained import SHIPPED
     from mascot.training.fitting.speaker_dpo import train_speaker_dpo
 
     root = tmp_path_factory.mktemp("vllm")
     prompts = [[{"role": "user", "content": text}] for text in
                (MESSAGE, "My boss shouted at me today.", "I can't sleep before exams.", "My sister won't call me.")]
-    liked = {"anchor": ("That sounds really painful, and it makes sense to feel hurt.", "What do you want to do?"),
-             "catalyst": ("What makes you so sure it will go badly again?", "That sounds painful.")}
-    for name, (chosen, rejected) in liked.items():
-        pairs = [{"prompt": p, "chosen": [{"role": "assistant", "content": chosen}],
-                  "rejected": [{"role": "assistant", "content": rejected}]} for p in prompts]
-        train_speaker_dpo(pairs, base=str(offline_model), persona=name, out=root / "adapters", config={
-            "lora_r": 8, "lora_alpha": 16, "training": {"max_steps": 2, "learning_rate": 3e-3,
-                                                        "per_device_train_batch_size": 4, "disable_tqdm": True}})
+    chosen, rejected = "That sounds really painful, and it makes sense to feel hurt.", "What do you want to do?"
+    pairs = [{"prompt": p, "chosen": [{"role": "assistant", "content": chosen}],
+              "rejected": [{"role": "assistant", "content": rejected}]} for p in prompts]
+    train_speaker_dpo(pairs, base=str(offline_model), persona="anchor", out=root / "adapters", config={
+        "lora_r": 8, "lora_alpha": 16, "training": {"max_steps": 2, "learning_rate": 3e-3,
+                                                    "per_device_train_batch_size": 4, "disable_tqdm": True}})
+    shutil.copytree(SHIPPED / offline_model.name / "speakers", root / "adapters" / "catalyst")
     trim_memory()  # the engines to come need the room
     path = root / "policies.yaml"
     path.write_text(yaml.safe_dump({"version": 1, "defaults": {"kind": "local", "model": str(offline_model)},
@@ -99,6 +103,7 @@ def _complete(url: str, model: str, **kwargs: object) -> str:
 
 
 @needs_vllm
+@pytest.mark.timeout(600)  # the module's adapter training (its fixture) counts here, then an engine's start
 def test_rollout_on_vllm_writes_the_local_records(policy_file: Path, roster: Roster, tmp_path: Path,
                                                   capsys: pytest.CaptureFixture[str]) -> None:
     """First in the module, before ``served`` starts: two engines of the 0.5B in fp32 (about
