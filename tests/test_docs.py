@@ -291,6 +291,7 @@ def shell_pages(docs_files: Path, tmp_path_factory: pytest.TempPathFactory) -> S
 
 
 @pytest.mark.parametrize("page", SHELL_PAGES)
+@pytest.mark.timeout(TIMEOUT_S + 60)  # a page has TIMEOUT_S (the training page takes 224 s on a 2-core AVX2 CPU)
 def test_shell_page_runs(page: str, shell_pages: ShellPages) -> None:
     assert any(b.page == page for b in SHELL), f"{page} has no shell block: take it out of SHELL_PAGES"
     result = shell_pages.run(page)
