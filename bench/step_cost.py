@@ -241,8 +241,8 @@ def _server_trainer(model: Any, tokenizer: Any, roster: Any, openings: list[str]
     from mascot.messages import chat_messages
     from mascot.policies import Policies, PolicySpec
     from mascot.training.data.block_rollout import BlockRollout, DecisionPoint
+    from mascot.training.fitting.director_rewards import VALIDITY_REWARD
     from mascot.training.fitting.director_rollout import DirectorRollout
-    from mascot.training.rewards import VALIDITY_REWARD
 
     if url is None:
         raise SystemExit("director-server needs the vLLM server (run without --worker)")

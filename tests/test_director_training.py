@@ -14,8 +14,8 @@ from mascot.graphs.embeddings import LexicalEmbedder
 from mascot.graphs.state import round_speakers
 from mascot.rosters import Roster
 from mascot.training.data.block_rollout import BlockRollout, decision_points
+from mascot.training.fitting.director_rewards import EMPTY_BLOCK_REWARD, DirectorRewards, standardise_by_group
 from mascot.training.fitting.director_training import DirectorTrainingConfig, train_director
-from mascot.training.rewards import EMPTY_BLOCK_REWARD, DirectorRewards, standardise_by_group
 
 
 class Logs(TrainerCallback):
@@ -167,7 +167,7 @@ def test_a_round_cut_short_or_a_copied_action_is_not_rewarded(roster: Roster, ep
 def test_an_unscored_block_is_neutral_among_its_siblings() -> None:
     """TRL adds a None term as 0, the redundancy term's best value: a block with nobody to
     repeat would earn it. It gets its decision point's mean instead (no advantage)."""
-    from mascot.training.rewards import neutral_where_unscored
+    from mascot.training.fitting.director_rewards import neutral_where_unscored
 
     assert neutral_where_unscored([-0.6, None, -0.2, None, None], ["a", "a", "a", "b", "b"]) == [
         -0.6, pytest.approx(-0.4), -0.2, None, None]

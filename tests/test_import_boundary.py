@@ -5,8 +5,8 @@ policies never imports training; nothing imports mascot.cli but the entry point.
 And the layout as a ladder: training's subpackages import only downward (episodes <- judging
 <- data <- fitting, training's own root modules below them all), nothing in training reads
 evaluation but evaluation, the package root holds only the entry points and the shared leaves,
-one module (cli/child.py) builds a `mascot` child process's command line, and one module
-(training/rewards.py) defines the GRPO reward functions."""
+one module (cli/child.py) builds a `mascot` child process's command line, and reward functions
+are defined in training/rewards.py and the Director's in training/fitting/director_rewards.py."""
 
 from __future__ import annotations
 
@@ -183,8 +183,8 @@ ROOT_MODULES = {
 }
 #: The one module that builds a command line running the `mascot` CLI in a child process.
 CHILD_BOUNDARY = MASCOT / "cli" / "child.py"
-#: The one module that defines GRPO reward functions.
-REWARDS = TRAINING / "rewards.py"
+#: The modules that define GRPO reward functions: training/rewards.py, and the Director's (over played blocks).
+REWARDS = (TRAINING / "rewards.py", TRAINING / "fitting" / "director_rewards.py")
 
 
 def _is_type_checking(test: ast.expr) -> bool:
@@ -317,10 +317,11 @@ def _is_reward_function(node: ast.AST) -> bool:
 
 def _reward_functions_elsewhere() -> list[str]:
     return [f"{path.relative_to(ROOT)}:{node.lineno} {getattr(node, 'name', '')}"
-            for path in sorted(MASCOT.rglob("*.py")) if path != REWARDS
+            for path in sorted(MASCOT.rglob("*.py")) if path not in REWARDS
             for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))) if _is_reward_function(node)]
 
 
 def test_reward_functions_live_in_the_rewards_module() -> None:
-    assert sum(_is_reward_function(n) for n in ast.walk(ast.parse(REWARDS.read_text(encoding="utf-8")))) > 5
+    for rewards in REWARDS:
+        assert sum(_is_reward_function(n) for n in ast.walk(ast.parse(rewards.read_text(encoding="utf-8")))) > 5
     assert _reward_functions_elsewhere() == []

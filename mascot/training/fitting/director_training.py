@@ -8,7 +8,7 @@ decision's reward is the score of the block that follows it, and GRPO's group-re
 advantage compares the G directions written for the same prefix: a direction is pushed up
 exactly when the conversation it leads to scores above the other directions' at that point.
 
-The reward terms (``mascot.training.rewards.DirectorRewards``), each logged by TRL as
+The reward terms (``fitting.director_rewards.DirectorRewards``), each logged by TRL as
 ``rewards/<name>/mean`` and ``/std``, weighted by the recipe (``group_rm_weight``,
 ``redundancy_weight``, ``balance_weight``, ``validity_weight``, ``fullness_weight``,
 ``copy_weight``), each on a fixed, documented scale so a weight means the same thing for
@@ -50,9 +50,10 @@ from trl import GRPOConfig
 
 from mascot.policies.thinking import chat_template_kwargs
 from mascot.training.data.block_rollout import BlockRollout, DecisionPoint
+from mascot.training.fitting.director_rewards import DirectorRewards
+from mascot.training.fitting.lora_run import fit_grpo
 from mascot.training.fitting.recipe import LoraRecipe
-from mascot.training.fitting.speaker_training import fit_grpo
-from mascot.training.rewards import DirectorRewards
+from mascot.training.rewards import RewardFunction
 
 
 @dataclass
@@ -104,6 +105,23 @@ class DirectorTrainingConfig(LoraRecipe):
         if self.block_turns < 1 or self.rollout_concurrency < 1:
             raise ValueError(f"block_turns={self.block_turns}, rollout_concurrency={self.rollout_concurrency}: "
                              "both must be at least 1")
+
+    def reward_terms(self, rewards: DirectorRewards) -> dict[str, tuple[RewardFunction, float]]:
+        """The recipe's reward terms, ``rewards``' methods with their weights, for ``weighted_rewards``.
+
+        Raises:
+            ValueError: if ``group_rm_weight`` is set and ``rewards`` has no group RM.
+        """
+        if self.group_rm_weight and rewards.group_rm is None:
+            raise ValueError(f"group_rm_weight={self.group_rm_weight} needs a group reward model")
+        return {
+            "group_reward_model": (rewards.group_reward_model, self.group_rm_weight),
+            "redundancy_penalty": (rewards.redundancy_penalty, self.redundancy_weight),
+            "speaker_balance": (rewards.speaker_balance, self.balance_weight),
+            "direction_validity": (rewards.direction_validity, self.validity_weight),
+            "round_fullness": (rewards.round_fullness, self.fullness_weight),
+            "action_copy": (rewards.action_copy, self.copy_weight),
+        }
 
 
 @dataclass(frozen=True)
@@ -183,14 +201,16 @@ def train_director(
         The report; its numbers are also in ``out/director/adapter_card.json``.
 
     Raises:
-        ValueError: on no decision points, or a group RM weight without a group RM.
+        ValueError: on no decision points, a group RM weight without a group RM, or a base
+            whose tokenizer has no chat template.
         AdapterFolderError: on an unusable ``out``.
     """
     if not isinstance(config, DirectorTrainingConfig):
         config = DirectorTrainingConfig.from_dict(config or {})
     rewards = DirectorRewards(points, rollout, group_rm=group_rm)
-    run = fit_grpo(director_prompts(points), base=base, name="director", out=out, reward_funcs=rewards.terms(config),
-                   config=config, callbacks=[_LogTerms(rewards), *callbacks], data=data, rollout_func=rollout_func)
+    run = fit_grpo(director_prompts(points), base=base, name="director", out=out,
+                   reward_funcs=config.reward_terms(rewards), config=config,
+                   callbacks=[_LogTerms(rewards), *callbacks], data=data, error=ValueError, rollout_func=rollout_func)
     return DirectorReport(out=run.out, base=base, decision_points=run.data_size, steps=run.steps,
                           rewards=run.rewards, reward_first=run.reward_first, reward_last=run.reward_last,
                           reward_terms=run.card["reward_terms"], reward_weights=run.card["reward_weights"],

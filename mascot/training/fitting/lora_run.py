@@ -5,7 +5,9 @@ one ``fit_lora`` call: the base model is resolved and loaded (a causal LM, or a 
 scalar ``score`` head for a reward model), the caller builds its TRL trainer on it, the run
 resumes from the last checkpoint under ``OUT/checkpoints/<name>/`` if an interrupted one
 left any, and the adapter is saved whole with one card, ``adapter_card.json`` plus a Hugging
-Face ``README.md``. The card has the same fields for every method:
+Face ``README.md``. ``fit_grpo`` is the one GRPO run on top of it that the speakers and the
+Director share (a prompt dataset and weighted reward terms). The card has the same fields for
+every method:
 
 - ``method`` (``grpo``, ``dpo``, ``sft``, ``reward_model``), ``role`` (persona, ``director``, or the
   reward model's folder name), ``init_adapter`` (the adapter the run went on training, or
@@ -31,14 +33,29 @@ from pathlib import Path
 from typing import Any, Literal
 
 import torch
-from transformers import AutoModelForCausalLM, AutoModelForSequenceClassification, AutoTokenizer, set_seed
+from datasets import Dataset
+from transformers import (
+    AutoModelForCausalLM,
+    AutoModelForSequenceClassification,
+    AutoTokenizer,
+    TrainerCallback,
+    set_seed,
+)
+from trl import GRPOTrainer
 from trl.trainer.reward_trainer import suppress_seqcls_warning
 
 from mascot.policies.local.model_loading import quiet_loading
 from mascot.policies.model_source import resolve_model
 from mascot.policies.thinking import chat_template_kwargs
-from mascot.training.fitting.adapter_folder import base_reference, checkpoint_dir, save_adapter, train_resuming
+from mascot.training.fitting.adapter_folder import (
+    adapter_target,
+    base_reference,
+    checkpoint_dir,
+    save_adapter,
+    train_resuming,
+)
 from mascot.training.fitting.recipe import LoraRecipe
+from mascot.training.rewards import RewardFunction, weighted_rewards
 
 logger = logging.getLogger(__name__)
 
@@ -148,6 +165,64 @@ def fit_lora(
                    steps=card["steps"], train_loss=card["train_loss"], rewards=curve["rewards"],
                    reward_first=curve["reward_first"], reward_last=curve["reward_last"], card=card,
                    seconds=card["seconds"])
+
+
+def fit_grpo(
+    dataset: Dataset,
+    *,
+    base: str,
+    name: str,
+    out: str | Path,
+    reward_funcs: Mapping[str, tuple[RewardFunction, float]] | Sequence[RewardFunction],
+    config: LoraRecipe,
+    callbacks: Sequence[TrainerCallback] = (),
+    error: type[Exception],
+    data: str | None = None,
+    rollout_func: Callable[[list[Any], Any], dict[str, Any]] | None = None,
+) -> LoraRun:
+    """One GRPO run of ``fit_lora`` on a prompt dataset, the adapter saved to ``out/<name>``;
+    the speakers' and the Director's.
+
+    Args:
+        dataset: Rows with a ``prompt`` column (conversational or plain), and any columns
+            the reward functions read.
+        base: A local model directory or a cached Hub id.
+        name: The adapter's folder name under ``out``.
+        out: The adapters folder; checkpoints go to ``out/checkpoints/<name>``.
+        reward_funcs: Name -> (function, weight), see ``rewards.weighted_rewards``; or a
+            list of functions weighed by ``training.reward_weights``.
+        config: The role's GRPO recipe.
+        callbacks: ``transformers`` trainer callbacks.
+        error: The caller's one-line error class (``SpeakerTrainingError`` for the speakers).
+        data: What the prompts came from, for the card.
+        rollout_func: TRL's, e.g. ``DirectorRollout``: generation off the trainer's process.
+
+    Raises:
+        error: on an empty dataset or no chat template for conversational prompts.
+        AdapterFolderError: on an unusable ``out``.
+    """
+    if len(dataset) == 0 or "prompt" not in dataset.column_names:
+        raise error(f"the dataset needs rows with a 'prompt' column; got {len(dataset)} rows, "
+                                   f"columns {', '.join(dataset.column_names) or 'none'}")
+    target = adapter_target(out, name)
+    if isinstance(reward_funcs, Mapping):
+        functions, weights = weighted_rewards(reward_funcs)
+    else:
+        functions, weights = list(reward_funcs), None
+
+    def build(model: Any, tokenizer: Any, args: Any) -> GRPOTrainer:
+        if weights is not None:
+            args.reward_weights = weights
+        return GRPOTrainer(model, reward_funcs=functions, args=args, train_dataset=dataset,
+                           processing_class=tokenizer, peft_config=config.lora_config(model), callbacks=list(callbacks),
+                           rollout_func=rollout_func)
+
+    def summary(trainer: GRPOTrainer) -> dict[str, Any]:
+        return {"reward_terms": trainer.reward_func_names,
+                "reward_weights": [float(w) for w in trainer.reward_weights]}
+
+    return fit_lora(base=base, target=target, method="grpo", recipe=config, build=build, summary=summary,
+                    conversational=isinstance(dataset[0]["prompt"], list), error=error, data=data)
 
 
 def load_base_model(source: str, method: Method, tokenizer: Any, *, bf16: bool = False) -> Any:

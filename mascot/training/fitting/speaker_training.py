@@ -11,25 +11,24 @@ term as ``rewards/<name>/mean`` and their weighted sum as ``reward``.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar
 
 from datasets import Dataset
 from transformers import TrainerCallback
-from trl import GRPOConfig, GRPOTrainer
+from trl import GRPOConfig
 
 from mascot.messages import chat_messages
 from mascot.policies.thinking import chat_template_kwargs
 from mascot.rosters import Roster
 from mascot.training.data.candidates import candidate_contexts
 from mascot.training.episodes.episode import Episode
-from mascot.training.fitting.adapter_folder import adapter_target
-from mascot.training.fitting.lora_run import LoraRun, fit_lora
+from mascot.training.fitting.lora_run import fit_grpo
 from mascot.training.fitting.recipe import LoraRecipe
 from mascot.training.measures import round_persona_turns
-from mascot.training.rewards import RewardFunction, roster_format_reward, round_redundancy_reward, weighted_rewards
+from mascot.training.rewards import RewardFunction, roster_format_reward, round_redundancy_reward
 
 
 class SpeakerTrainingError(ValueError):
@@ -184,52 +183,7 @@ def train_speaker(
     if not isinstance(config, LoraRecipe):
         config = SpeakerTrainingConfig.from_dict(config or {})
     run = fit_grpo(dataset, base=base, name=persona, out=out, reward_funcs=reward_funcs, config=config,
-                   callbacks=callbacks, data=data)
+                   callbacks=callbacks, data=data, error=SpeakerTrainingError)
     return SpeakerReport(out=run.out, base=base, persona=persona, prompts=run.data_size, steps=run.steps,
                          rewards=run.rewards, reward_first=run.reward_first, reward_last=run.reward_last,
                          seconds=run.seconds)
-
-
-def fit_grpo(
-    dataset: Dataset,
-    *,
-    base: str,
-    name: str,
-    out: str | Path,
-    reward_funcs: Mapping[str, tuple[RewardFunction, float]] | Sequence[RewardFunction],
-    config: LoraRecipe,
-    callbacks: Sequence[TrainerCallback] = (),
-    data: str | None = None,
-    rollout_func: Callable[[list[Any], Any], dict[str, Any]] | None = None,
-) -> LoraRun:
-    """One GRPO run of ``fit_lora`` on a prompt dataset, the adapter saved to ``out/<name>``;
-    the speakers' and the Director's (see ``train_speaker`` for the arguments;
-    ``rollout_func`` is TRL's, e.g. ``DirectorRollout``: generation off the trainer's process).
-
-    Raises:
-        SpeakerTrainingError: on an empty dataset or no chat template for conversational
-            prompts.
-        AdapterFolderError: on an unusable ``out``.
-    """
-    if len(dataset) == 0 or "prompt" not in dataset.column_names:
-        raise SpeakerTrainingError(f"the dataset needs rows with a 'prompt' column; got {len(dataset)} rows, "
-                                   f"columns {', '.join(dataset.column_names) or 'none'}")
-    target = adapter_target(out, name)
-    if isinstance(reward_funcs, Mapping):
-        functions, weights = weighted_rewards(reward_funcs)
-    else:
-        functions, weights = list(reward_funcs), None
-
-    def build(model: Any, tokenizer: Any, args: Any) -> GRPOTrainer:
-        if weights is not None:
-            args.reward_weights = weights
-        return GRPOTrainer(model, reward_funcs=functions, args=args, train_dataset=dataset,
-                           processing_class=tokenizer, peft_config=config.lora_config(model), callbacks=list(callbacks),
-                           rollout_func=rollout_func)
-
-    def summary(trainer: GRPOTrainer) -> dict[str, Any]:
-        return {"reward_terms": trainer.reward_func_names,
-                "reward_weights": [float(w) for w in trainer.reward_weights]}
-
-    return fit_lora(base=base, target=target, method="grpo", recipe=config, build=build, summary=summary,
-                    conversational=isinstance(dataset[0]["prompt"], list), error=SpeakerTrainingError, data=data)
