@@ -132,7 +132,7 @@ def main() -> int:
         results = asyncio.run(measure(args.base_url, Path(args.model).name, points, variants, args.samples))
     else:
         from mascot.policies.serving import ServedPolicies
-        from mascot.policies.vllm_engine import VllmServer
+        from mascot.policies.vllm import VllmServer
 
         with VllmServer(ServedPolicies(base=args.model)) as server:
             results = asyncio.run(measure(server.url, server.served_name, points, variants, args.samples))

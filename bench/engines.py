@@ -41,7 +41,7 @@ import torch
 
 from mascot.graphs.embeddings import default_embedder
 from mascot.policies.serving import ServedPolicies
-from mascot.policies.vllm_engine import VllmServer
+from mascot.policies.vllm import VllmServer
 from mascot.rosters import load_roster
 from mascot.training.episodes.episode import read_episodes
 from mascot.training.measures import redundancy

@@ -93,7 +93,7 @@ def main() -> int:
         server = None
         if "director-server" in methods:  # the blocks' speakers and the directions on one vLLM server
             from mascot.policies.serving import ServedPolicies
-            from mascot.policies.vllm_engine import VllmServer
+            from mascot.policies.vllm import VllmServer
 
             server = servers.enter_context(VllmServer(
                 ServedPolicies(base=args.model), allow_runtime_lora=True, lora_rank=8, max_loras=2,

@@ -20,7 +20,7 @@ import httpx
 import pytest
 import yaml
 
-from mascot.policies.vllm_engine import VllmError, vllm_python
+from mascot.policies.vllm import VllmError, vllm_python
 
 pytestmark = [pytest.mark.vllm, pytest.mark.real_model]
 

@@ -20,7 +20,7 @@ from mascot.policies import Policies
 from mascot.policies.local import LocalBackend
 from mascot.policies.local.server import ServerLimits, create_app
 from mascot.policies.serving import ServedPolicies, client_policies, reload_adapters
-from mascot.policies.vllm_engine import CpuSettings, vllm_command
+from mascot.policies.vllm import CpuSettings, vllm_command
 from mascot.rosters import Roster
 
 KEY = "test-key-1234567890"
@@ -219,7 +219,7 @@ def test_vllm_command_for_a_policy_file(served: ServedPolicies) -> None:
 
 def test_an_adapter_of_modules_the_server_leaves_out_is_refused(served: ServedPolicies) -> None:
     from mascot.policies.spec import PolicyError
-    from mascot.policies.vllm_engine import load_adapters
+    from mascot.policies.vllm import load_adapters
 
     # vLLM would load it and leave the weights of k_proj and v_proj out, silently
     with pytest.raises(PolicyError, match="adapts k_proj, v_proj, which the vLLM server .* puts no LoRA on"):
@@ -233,53 +233,55 @@ def test_an_adapter_of_modules_the_server_leaves_out_is_refused(served: ServedPo
 
 
 def test_cpu_settings_follow_the_machine(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from mascot.policies import vllm_engine
+    from mascot.policies.vllm import command
 
     (tmp_path / "model.safetensors").write_bytes(b"x" * 1000)
-    monkeypatch.setattr(vllm_engine, "_cpu_flags", lambda: {"avx512f", "avx512_bf16"})
-    monkeypatch.setattr(vllm_engine, "_available_memory", lambda: 20 << 30)
-    monkeypatch.setattr(vllm_engine.os, "sched_getaffinity", lambda pid: {0, 1, 2, 5})
-    settings = vllm_engine.cpu_settings(str(tmp_path))
-    assert settings == vllm_engine.CpuSettings(dtype="bfloat16", kv_cache_gib=2, threads_bind="0-2,5")
-    monkeypatch.setattr(vllm_engine, "_cpu_flags", lambda: {"avx2"})
-    monkeypatch.setattr(vllm_engine, "_available_memory", lambda: 6 << 30)
+    monkeypatch.setattr(command, "_cpu_flags", lambda: {"avx512f", "avx512_bf16"})
+    monkeypatch.setattr(command, "_available_memory", lambda: 20 << 30)
+    monkeypatch.setattr(command.os, "sched_getaffinity", lambda pid: {0, 1, 2, 5})
+    settings = command.cpu_settings(str(tmp_path))
+    assert settings == command.CpuSettings(dtype="bfloat16", kv_cache_gib=2, threads_bind="0-2,5")
+    monkeypatch.setattr(command, "_cpu_flags", lambda: {"avx2"})
+    monkeypatch.setattr(command, "_available_memory", lambda: 6 << 30)
     with (tmp_path / "model.safetensors").open("wb") as weights:
         weights.truncate(1 << 30)  # 1 GiB of 16-bit weights, 2 GiB in fp32: (6 - 4 - 2) / 2 -> the minimum 1
-    assert vllm_engine.cpu_settings(str(tmp_path)) == vllm_engine.CpuSettings("float32", 1, "0-2,5")
-    monkeypatch.setattr(vllm_engine, "_available_memory", lambda: 14 << 30)
-    assert vllm_engine.cpu_settings(str(tmp_path)).kv_cache_gib == 2  # (14 - 4 - 2) / 2, at most 2
+    assert command.cpu_settings(str(tmp_path)) == command.CpuSettings("float32", 1, "0-2,5")
+    monkeypatch.setattr(command, "_available_memory", lambda: 14 << 30)
+    assert command.cpu_settings(str(tmp_path)).kv_cache_gib == 2  # (14 - 4 - 2) / 2, at most 2
     # a server started before takes its memory only as requests come: promised, it is subtracted
-    assert vllm_engine.cpu_settings(str(tmp_path), reserved=6 << 30).kv_cache_gib == 1  # (14 - 6 - 4 - 2) / 2
+    assert command.cpu_settings(str(tmp_path), reserved=6 << 30).kv_cache_gib == 1  # (14 - 6 - 4 - 2) / 2
 
 
 def test_a_pool_sizes_its_next_server_after_the_memory_of_the_ones_it_started(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from mascot.policies import vllm_engine
     from mascot.policies.serving import ServedPolicies
+    from mascot.policies.vllm import command
+    from mascot.policies.vllm import pool as vllm_pool
+    from mascot.policies.vllm import server as vllm_server
 
     (tmp_path / "model.safetensors").write_bytes(b"x" * (1 << 20))
-    monkeypatch.setattr(vllm_engine, "_cpu_flags", lambda: {"avx2"})
-    monkeypatch.setattr(vllm_engine, "has_gpu", lambda: False)
-    server = vllm_engine.VllmServer(ServedPolicies(base=str(tmp_path)))
+    monkeypatch.setattr(command, "_cpu_flags", lambda: {"avx2"})
+    monkeypatch.setattr(vllm_server, "has_gpu", lambda: False)
+    server = vllm_server.VllmServer(ServedPolicies(base=str(tmp_path)))
     assert server.memory() == 0  # nothing sized yet
-    monkeypatch.setattr(vllm_engine, "_available_memory", lambda: 7 << 30)
+    monkeypatch.setattr(command, "_available_memory", lambda: 7 << 30)
     _, env = server.command(python="python")
     assert env["VLLM_CPU_KVCACHE_SPACE"] == "2"
     assert server.memory() == (2 << 20) + (2 << 30)  # fp32 weights (twice the file) and the KV cache
-    second = vllm_engine.VllmServer(ServedPolicies(base=str(tmp_path)), reserved_memory=server.memory())
+    second = vllm_server.VllmServer(ServedPolicies(base=str(tmp_path)), reserved_memory=server.memory())
     _, env = second.command(python="python")
     assert env["VLLM_CPU_KVCACHE_SPACE"] == "1"  # (7 - 2 - 2) / 2, less the weights' few MiB
     # the pool promises the first server's memory to the second it starts
-    def start(self: vllm_engine.VllmServer) -> vllm_engine.VllmServer:
+    def start(self: vllm_server.VllmServer) -> vllm_server.VllmServer:
         self.command(python="python")
         self.started_in = 0.0
         return self
 
-    monkeypatch.setattr(vllm_engine.VllmServer, "start", start)
+    monkeypatch.setattr(vllm_server.VllmServer, "start", start)
     other = tmp_path / "other"
     other.mkdir()
     (other / "model.safetensors").write_bytes(b"x" * (1 << 20))
-    pool = vllm_engine.VllmPool(attach={})
+    pool = vllm_pool.VllmPool(attach={})
     pool.url(str(tmp_path))
     pool.url(str(other))
     first, then = pool.servers.values()

@@ -21,7 +21,7 @@ import yaml
 from memory import trim_memory
 
 from mascot.cli import main
-from mascot.policies.vllm_engine import VllmError, vllm_python
+from mascot.policies.vllm import VllmError, vllm_python
 from mascot.rosters import Roster
 
 pytestmark = [pytest.mark.vllm, pytest.mark.real_model]
@@ -181,7 +181,7 @@ def test_runtime_adapters_and_reload(served: tuple, policy_file: Path) -> None:
     assert reload.returncode == 0 and "reloaded anchor, catalyst" in reload.stdout, reload.stderr[-2000:]
     # what a pipeline stage does with the pipeline's server: the adapters it needs, loaded in place
     from mascot.policies import Policies
-    from mascot.policies.vllm_engine import VllmPool
+    from mascot.policies.vllm import VllmPool
     from mascot.rosters import load_roster
 
     policies = Policies.from_file(policy_file, load_roster("emotional_support"), seed=0)

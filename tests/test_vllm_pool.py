@@ -18,10 +18,11 @@ import yaml
 from http_app import serve_app
 
 from mascot.cli import main
-from mascot.policies import Policies, PolicySpec, vllm_engine
+from mascot.policies import Policies, PolicySpec
 from mascot.policies.local import LocalBackend
 from mascot.policies.local.server import create_app
-from mascot.policies.vllm_engine import VLLM_SERVERS_ENV, VllmError, VllmPool, attached_servers
+from mascot.policies.vllm import VLLM_SERVERS_ENV, VllmError, VllmPool, attached_servers
+from mascot.policies.vllm import pool as vllm_pool
 from mascot.rosters import Roster
 
 
@@ -60,7 +61,7 @@ def test_a_running_server_serves_the_roles_with_their_adapters_loaded_in_place(
     assert remote.spec("anchor").kind == "openai" and remote.spec("anchor").model == "anchor"
     assert remote.spec("anchor").urls == [server] and remote.spec("catalyst").model == "tiny"  # the base's name
     # no GPU here: a role without a timeout of its own waits as long as two cores may take
-    assert remote.spec("anchor").timeout == vllm_engine.CPU_REQUEST_TIMEOUT
+    assert remote.spec("anchor").timeout == vllm_pool.CPU_REQUEST_TIMEOUT
     assert "anchor" in {m["id"] for m in httpx.get(f"{server}/models").json()["data"]}
     # records say what the local policies would: base folder, adapter folder, version
     assert remote.record("anchor") == {"model": str(tiny_model), "adapter": "anchor", "adapter_version": "1"}
@@ -91,7 +92,7 @@ def test_a_refused_adapter_is_one_line(server: str, tiny_model: Path, roster: Ro
     shutil.copytree(tiny_model / "adapters" / "beacon", outside)
     policies = Policies({"default": PolicySpec(kind="local", model=str(tiny_model)),
                          "beacon": PolicySpec(kind="local", model=str(tiny_model), adapter=str(outside))}, roster)
-    with pytest.raises(vllm_engine.PolicyError, match=r"refused adapter 'outside'.*400") as caught:
+    with pytest.raises(vllm_pool.PolicyError, match=r"refused adapter 'outside'.*400") as caught:
         VllmPool(attach={str(tiny_model): server}).serve(policies)
     assert "\n" not in str(caught.value)
 
@@ -112,7 +113,7 @@ def test_a_command_uses_the_servers_it_is_given(server: str, served_root: Path, 
     from mascot.training.episodes.episode import read_episodes
 
     monkeypatch.setenv(VLLM_SERVERS_ENV, json.dumps({str(tiny_model): server}))
-    monkeypatch.setattr(vllm_engine.VllmServer, "start", lambda self: pytest.fail("an engine was started"))
+    monkeypatch.setattr(vllm_pool.VllmServer, "start", lambda self: pytest.fail("an engine was started"))
     out = tmp_path / "episodes.jsonl"
     assert main(["rollout", "--roster", "emotional_support", "--policies", str(served_root / "policies.yaml"),
                  "--engine", "vllm", "--episodes", "2", "--max-rounds", "1", "--max-tokens", "8",
@@ -155,7 +156,7 @@ def test_the_pipeline_runs_the_servers_each_stage_uses_and_none_while_it_trains(
     from mascot.cli.pipeline import demo_recipe
 
     _FakeServer.started, _FakeServer.stopped, _FakeServer.made = [], [], []
-    monkeypatch.setattr(vllm_engine, "VllmServer", _FakeServer)
+    monkeypatch.setattr(vllm_pool, "VllmServer", _FakeServer)
     monkeypatch.setattr(pipeline_run, "check_extras", lambda: None)
     calls: list[tuple[list[str], dict | None, list[str]]] = []
 

@@ -223,7 +223,7 @@ def _train_director(args: argparse.Namespace) -> int:
         rollout_func = None
         pool = getattr(args, "vllm_pool", None)
         if pool is not None:  # the directions are sampled on the server too, with their blocks
-            from mascot.policies.vllm_engine import load_adapters
+            from mascot.policies.vllm import load_adapters
             from mascot.training.fitting.director_rollout import DirectorRollout
 
             url = pool.url(base)

@@ -39,7 +39,7 @@ _USER_ERRORS = (
     ("mascot.training.data.pairs", "PairsError"),
     ("mascot.offline.model", "OfflineModelError"),
     ("mascot.offline.encoder", "OfflineEncoderError"),
-    ("mascot.policies.vllm_engine", "VllmError"),
+    ("mascot.policies.vllm", "VllmError"),
 )
 
 

@@ -164,13 +164,10 @@ def on_engine(args: argparse.Namespace, policies: Policies) -> Policies:
     if getattr(args, "engine", "local") == "local" or all(
             policies.spec(role).kind != "local" for role in ("default", *policies.specs) if role in policies.specs):
         return policies
-    from mascot.policies.vllm_engine import VllmPool
+    from mascot.policies.vllm import VllmPool
 
-    pool = getattr(args, "vllm_pool", None)
-    if pool is None:
-        pool = args.vllm_pool = args.cleanup.enter_context(
-            VllmPool(echo=bool(getattr(args, "verbose", False)), announce=lambda line: err.print(line, markup=False)))
-    return pool.serve(policies)
+    return VllmPool.shared(args, args.cleanup, echo=bool(getattr(args, "verbose", False)),
+                           announce=lambda line: err.print(line, markup=False)).serve(policies)
 
 
 def spec_from_flags(fields: dict[str, object], flag_prefix: str = "--") -> PolicySpec:

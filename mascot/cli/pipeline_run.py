@@ -13,7 +13,6 @@ from __future__ import annotations
 import hashlib
 import importlib.util
 import json
-import os
 import subprocess
 import time
 from collections.abc import Callable
@@ -375,19 +374,16 @@ def run_pipeline(
             ran.add(name)
             stage_env = env
             if "--engine" in argv:  # a generating stage on vLLM: on the pipeline's servers
-                from mascot.policies.vllm_engine import VLLM_SERVERS_ENV, VllmError, VllmPool
+                from mascot.policies.vllm import VllmError, VllmPool
 
                 if pool is None:
                     pool = engines.enter_context(VllmPool(lora_rank=_lora_rank(recipe, base), attach={},
                                                           lora_target_modules=_lora_modules(recipe, base),
                                                           announce=lambda line: on_stage("engine", line)))
-                try:
-                    needed = _stage_bases(argv, recipe, base)
-                    pool.keep(needed)  # the memory of a server this stage does not use goes to it
-                    urls = {model: pool.url(model) for model in needed}
+                try:  # the memory of a server this stage does not use goes to it
+                    stage_env = pool.stage_env(_stage_bases(argv, recipe, base), env)
                 except VllmError as exc:
                     raise PipelineError(f"engine: {exc}") from None
-                stage_env = {**(env if env is not None else os.environ), VLLM_SERVERS_ENV: json.dumps(urls)}
             elif pool is not None:  # a training stage: every server's memory goes to it
                 pool.keep([])
             on_stage(name, "running")

@@ -85,7 +85,7 @@ def _serve(args: argparse.Namespace) -> int:
 
 
 def _vllm(args: argparse.Namespace, served: ServedPolicies, url: str) -> int:
-    from mascot.policies.vllm_engine import VllmServer, vllm_python
+    from mascot.policies.vllm import VllmServer, vllm_python
 
     server = VllmServer(served, host=args.host, port=args.port, served_name=_served_name(args, served),
                         api_key=_api_key(args.api_key_env), allow_runtime_lora=args.allow_runtime_lora,

@@ -55,7 +55,7 @@ class Policies:
             seed: Seed for sampling (local backend) and the ``seed`` request field.
             http_client: Sync HTTP client for OpenAI-compatible roles (tests, proxies).
             http_async_client: Async HTTP client for OpenAI-compatible roles.
-            origin: The policies these serve on an engine (``vllm_engine.on_vllm``): turns
+            origin: The policies these serve on an engine (``vllm.on_vllm``): turns
                 are recorded as written by them (base model, adapter folder, version).
         """
         self.specs = dict(specs)

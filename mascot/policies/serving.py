@@ -2,7 +2,7 @@
 
 A server holds one base model and the LoRA adapters of the file's ``local`` roles, each
 served under its folder's name (``adapters/anchor`` -> model ``anchor``; an adapter
-shared by several roles is served once). ``vllm_engine`` runs vLLM for it;
+shared by several roles is served once). ``mascot.policies.vllm`` runs vLLM for it;
 ``reload_adapters`` pushes new adapter versions into a running
 server (vLLM or ``mascot serve``) through vLLM's runtime endpoints; ``client_policies``
 is the policy file that points every role at the server, for ``mascot chat --policies``.

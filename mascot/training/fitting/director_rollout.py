@@ -36,7 +36,7 @@ import httpx
 
 from mascot.policies.serving import ServedAdapter
 from mascot.policies.spec import PolicyError
-from mascot.policies.vllm_engine import load_adapters
+from mascot.policies.vllm import load_adapters
 from mascot.training.data.block_rollout import BlockRollout, DecisionPoint
 
 logger = logging.getLogger(__name__)
@@ -90,7 +90,7 @@ class DirectorRollout:
             concurrency: Prompts requested at once.
             client: HTTP client (tests); default a new one.
             load: ``(url, [ServedAdapter]) -> None`` that loads an adapter (tests); default
-                ``vllm_engine.load_adapters``.
+                ``vllm.load_adapters``.
         """
         self.points = {_key(p.prompt): p for p in points}
         self.blocks = blocks
