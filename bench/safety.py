@@ -4,7 +4,7 @@ For every shipped roster with safety rules: recall, false alarms and precision o
 ``SafetyDetector`` on ``safety_dev.yaml`` over the classifier's thresholds, near-miss
 weights, L2 penalties and trigger-similarity floors, with how many of the roster's own
 scenario openings and of ``safety_everyday.yaml`` (everyday messages: "ok", "I can't sleep",
-agenda talk) fire; neither was fitted on. ``mascot.graphs.safety.THRESHOLD``,
+agenda talk) fire; neither was fitted on. ``mascot.graphs.safety_detector.THRESHOLD``,
 ``NEAR_MISS_WEIGHT``, ``L2`` and ``MIN_SIMILARITY`` were chosen here: the most pooled dev
 recall minus false alarms among the settings that fire on at most 10 % of the openings and
 2 % of the everyday messages. Then the shipped setting on ``safety.yaml``, the labelled set
@@ -33,7 +33,7 @@ from pathlib import Path
 
 from mascot.graphs import risk
 from mascot.graphs.embeddings import EMBEDDERS, Embedder, Vector, embedder_by_name
-from mascot.graphs.safety import SafetyDetector
+from mascot.graphs.safety_detector import SafetyDetector
 from mascot.rosters import list_rosters, load_roster, load_scenarios
 from mascot.rosters.yaml_file import read_yaml
 from mascot.training.evaluation.safety import (

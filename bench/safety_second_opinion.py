@@ -20,7 +20,8 @@ from langchain_openai import ChatOpenAI
 
 from mascot.graphs.embeddings import embedder_by_name
 from mascot.graphs.moderation import SecondOpinion
-from mascot.graphs.safety import SafetyDetector, SafetyGuard
+from mascot.graphs.safety import SafetyGuard
+from mascot.graphs.safety_detector import SafetyDetector
 from mascot.rosters import load_roster, load_scenarios
 from mascot.training.evaluation.safety import load_conversation_set
 

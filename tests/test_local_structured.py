@@ -13,7 +13,7 @@ from langchain_core.messages import AIMessage, HumanMessage, SystemMessage
 from pydantic import BaseModel, Field
 from test_local_backend import concurrently, record_calls
 
-from mascot.graphs.director import _model_text
+from mascot.graphs.decider import _model_text
 from mascot.policies.local import LocalBackend
 from mascot.policies.local.chat_model import LocalChatModel
 from mascot.policies.local.grammar import GrammarError

@@ -14,7 +14,8 @@ from pydantic import ValidationError
 
 from mascot.graphs import create_director_graph
 from mascot.graphs.embeddings import LexicalEmbedder
-from mascot.graphs.safety import SafetyDetector, SafetyGuard, has_resources
+from mascot.graphs.safety import SafetyGuard, has_resources
+from mascot.graphs.safety_detector import SafetyDetector
 from mascot.rosters import DEFAULT_RESOURCES, USER, Roster, SafetyRule, load_roster
 
 CRISIS = "Some nights I think everyone would be better off if I wasn't around."

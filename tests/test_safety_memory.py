@@ -18,9 +18,10 @@ from langgraph.checkpoint.memory import InMemorySaver
 
 from mascot.cli import main
 from mascot.graphs import create_director_graph
-from mascot.graphs import safety as safety_module
+from mascot.graphs import safety_detector as safety_module
 from mascot.graphs.embeddings import LexicalEmbedder
-from mascot.graphs.safety import SafetyDetector, SafetyGuard
+from mascot.graphs.safety import SafetyGuard
+from mascot.graphs.safety_detector import SafetyDetector
 from mascot.graphs.safety_heads import SHIPPED, load_head, shipped_index
 from mascot.rosters import USER, Roster, SafetyRule, list_rosters, load_roster
 from mascot.training.evaluation.safety import (

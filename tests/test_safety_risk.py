@@ -16,7 +16,8 @@ from langgraph.checkpoint.memory import InMemorySaver
 from mascot.graphs import create_director_graph, risk
 from mascot.graphs.embeddings import LexicalEmbedder
 from mascot.graphs.moderation import ModeratedDetector, llama_guard_prompt, parse_llama_guard
-from mascot.graphs.safety import SafetyDetector, SafetyGuard
+from mascot.graphs.safety import SafetyGuard
+from mascot.graphs.safety_detector import SafetyDetector
 from mascot.rosters import USER, Roster, SafetyRule
 
 GARAGE = ["since the separation the house is so silent",

@@ -228,7 +228,7 @@ def _show(args: argparse.Namespace) -> int:
 
 def _safety_line(roster: Any, summary: dict[str, Any]) -> str:
     """The crisis detector's figures on the roster's labelled set, for the report and results."""
-    from mascot.graphs.safety import SafetyDetector
+    from mascot.graphs.safety_detector import SafetyDetector
     from mascot.training.evaluation.safety import (
         SafetySetError,
         conversation_report,

@@ -90,7 +90,7 @@ def _rosters_check(args: argparse.Namespace) -> int:
 
 def _check_safety(roster: Roster, labelled: Path) -> None:
     """Print the detector's figures on a labelled set, and what it missed or raised falsely."""
-    from mascot.graphs.safety import SafetyDetector
+    from mascot.graphs.safety_detector import SafetyDetector
     from mascot.graphs.safety_window import TRAIN_FILE
     from mascot.training.evaluation.safety import (
         CONVERSATION_FILES,
@@ -134,7 +134,7 @@ def _check_safety(roster: Roster, labelled: Path) -> None:
 
 def _rosters_safety_heads(args: argparse.Namespace) -> int:
     from mascot.graphs.embeddings import embedder_by_name
-    from mascot.graphs.safety import SafetyDetector
+    from mascot.graphs.safety_detector import SafetyDetector
     from mascot.graphs.safety_heads import load_head
     from mascot.training.evaluation.safety import ship_heads
 

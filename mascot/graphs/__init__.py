@@ -1,6 +1,7 @@
 """LangGraph state graphs: the Director, persona speakers, the user turn, and baselines."""
 
-from mascot.graphs.baselines import BASELINES, create_baseline_graph
+from mascot.graphs.assembly import assemble_graph
+from mascot.graphs.baselines import BASELINES, create_baseline_graph, rule_director
 from mascot.graphs.direction import (
     DIRECTION_SCHEMA,
     DirectionError,
@@ -9,14 +10,11 @@ from mascot.graphs.direction import (
     interpret_direction,
     read_direction_json,
 )
-from mascot.graphs.director import (
-    DIRECTOR_NODE,
-    assemble_graph,
-    create_director_graph,
-    rule_director,
-)
+from mascot.graphs.director import create_director_graph
 from mascot.graphs.reply import clean_reply
-from mascot.graphs.safety import SafetyDetector, SafetyGuard
+from mascot.graphs.routes import DIRECTOR_NODE
+from mascot.graphs.safety import SafetyGuard
+from mascot.graphs.safety_detector import SafetyDetector
 from mascot.graphs.state import (
     DirectorState,
     Fallback,

@@ -3,14 +3,17 @@
 from __future__ import annotations
 
 import random
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 
 from langchain_core.language_models import BaseChatModel
+from langchain_core.runnables import Runnable
 from langgraph.graph import StateGraph
-from langgraph.types import RetryPolicy
+from langgraph.types import Command, RetryPolicy
 
+from mascot.graphs.assembly import assemble_graph, check_limits
 from mascot.graphs.direction import FALLBACK_ACTION, StageDirection
-from mascot.graphs.director import assemble_graph, rule_director
+from mascot.graphs.node import Node
+from mascot.graphs.routes import DIRECTOR_NODE, hand_back, route
 from mascot.graphs.state import DirectorState, persona_speakers
 from mascot.graphs.user import UserKind
 from mascot.rosters import USER, Persona, Roster
@@ -28,6 +31,8 @@ ASSISTANT = Persona(
     style="Clear and friendly.",
     boundaries=["Never writes lines for the person."],
 )
+#: A rule that picks the next direction without a model (the baselines use these).
+DirectionRule = Callable[[DirectorState], StageDirection]
 
 
 def create_baseline_graph(
@@ -92,6 +97,32 @@ def create_baseline_graph(
     return assemble_graph(
         roster, node, speakers=speakers, user=user, max_rounds=max_rounds, retry_policy=retry_policy
     )
+
+
+def rule_director(
+    rule: DirectionRule, *, max_speakers_per_round: int, min_speakers_per_round: int = 1
+) -> Runnable:
+    """A Director node that follows a rule instead of a model (for baselines).
+
+    Args:
+        rule: Picks the next direction from the state.
+        max_speakers_per_round: Persona turns before the turn returns to the person.
+        min_speakers_per_round: Persona turns before the rule may hand back.
+
+    Returns:
+        A node to pass to ``assemble_graph``.
+    """
+    check_limits(max_speakers_per_round, min_speakers_per_round, 1)
+
+    def direct(state: DirectorState) -> Command:
+        if state.get("round_turns", 0) >= max_speakers_per_round:
+            return route(state, hand_back())
+        direction = rule(state)
+        if direction.speaker == USER and state.get("round_turns", 0) < min_speakers_per_round:
+            raise ValueError("a direction rule handed back before a persona spoke")
+        return route(state, direction)
+
+    return Node(DIRECTOR_NODE, direct)
 
 
 def _direct(speaker: str, rationale: str) -> StageDirection:

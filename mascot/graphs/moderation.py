@@ -2,7 +2,7 @@
 Llama Guard's conversation format.
 
 ``create_director_graph(safety=...)`` takes either in place of the built-in detector
-(``mascot.graphs.safety.SafetyDetector``); the guard keeps the roster's routes, the
+(``mascot.graphs.safety_detector.SafetyDetector``); the guard keeps the roster's routes, the
 resources, the running risk and persistence around it. A callable gets the person's
 messages, oldest first, and returns the name of the rule they call for, or ``None``. A chat
 model (Llama Guard served by vLLM on a GPU, or any LangChain chat model) reads the roster's
@@ -21,7 +21,7 @@ from collections.abc import Callable, Sequence
 from langchain_core.language_models import BaseChatModel
 from langchain_core.messages import HumanMessage
 
-from mascot.graphs.safety import Detection, SafetyDetector
+from mascot.graphs.safety_detector import Detection, SafetyDetector
 from mascot.rosters import SafetyRule
 
 logger = logging.getLogger(__name__)

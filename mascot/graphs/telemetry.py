@@ -33,7 +33,8 @@ from langchain_core.outputs import ChatGeneration, LLMResult
 from langgraph.errors import GraphInterrupt
 from langgraph.types import Command
 
-from mascot.graphs.director import APPROVAL_NODE, DIRECTOR_NODE
+from mascot.graphs.approval import APPROVAL_NODE
+from mascot.graphs.routes import DIRECTOR_NODE
 from mascot.graphs.user import USER_NODE
 
 if TYPE_CHECKING:

@@ -38,8 +38,8 @@ from typing import Any
 from langchain_core.language_models import BaseChatModel
 from langchain_core.messages import HumanMessage
 
+from mascot.graphs.decider import Decider
 from mascot.graphs.direction import StageDirection, interpret_direction
-from mascot.graphs.director import Decider
 from mascot.graphs.faults import DIRECTION_FAULTS as TEXT_DIRECTION_FAULTS
 from mascot.graphs.faults import REPLY_FAULTS as TEXT_REPLY_FAULTS
 from mascot.graphs.faults import direction_faults, persona_texts, reply_faults, voice_names

@@ -35,7 +35,8 @@ from langgraph.types import RetryPolicy
 from mascot.graphs import create_baseline_graph, create_director_graph
 from mascot.graphs.baselines import ASSISTANT
 from mascot.graphs.embeddings import Embedder, default_embedder
-from mascot.graphs.safety import SafetyDetector, SafetyGuard
+from mascot.graphs.safety import SafetyGuard
+from mascot.graphs.safety_detector import SafetyDetector
 from mascot.policies import Policies
 from mascot.rosters import Roster, Scenario, UserProfile
 from mascot.training.episodes.episode import Episode, TurnPolicy, read_episodes

@@ -20,7 +20,7 @@ from langchain_core.language_models import BaseChatModel
 from langchain_core.messages import BaseMessage
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from mascot.graphs.director import Decider
+from mascot.graphs.decider import Decider
 from mascot.messages import langchain_message
 from mascot.rosters import Roster
 from mascot.rosters.yaml_file import YamlFileError, read_yaml

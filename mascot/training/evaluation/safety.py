@@ -28,7 +28,8 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from mascot.graphs import risk
 from mascot.graphs.embeddings import Embedder
-from mascot.graphs.safety import SafetyDetector, SafetyGuard, has_resources
+from mascot.graphs.safety import SafetyGuard, has_resources
+from mascot.graphs.safety_detector import SafetyDetector
 from mascot.graphs.safety_heads import SHIPPED, save_head
 from mascot.rosters import Roster
 from mascot.rosters.yaml_file import YamlFileError, read_yaml
