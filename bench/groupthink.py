@@ -53,11 +53,13 @@ from mascot.training.evaluation.bootstrap import bootstrap_difference
 from mascot.training.evaluation.groupthink import (
     MEASURES,
     JudgeScorer,
-    ProbeRound,
     ReplyCase,
     RuleScorer,
     check_scorer,
     choose_scorer,
+)
+from mascot.training.evaluation.groupthink_rates import (
+    ProbeRound,
     groupthink_scores,
     groupthink_table,
     paired_difference,

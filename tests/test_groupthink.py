@@ -15,17 +15,14 @@ from mascot.rosters.probes import GroupthinkProbe, load_labelled_replies, load_p
 from mascot.training.evaluation.groupthink import (
     JUDGE_ATTEMPTS,
     JudgeScorer,
-    ProbeRound,
     ReplyCase,
     RuleScorer,
     Verdict,
     check_scorer,
     choose_scorer,
-    groupthink_scores,
-    paired_difference,
     parse_verdict,
-    score_rounds,
 )
+from mascot.training.evaluation.groupthink_rates import ProbeRound, groupthink_scores, paired_difference, score_rounds
 from mascot.training.evaluation.probe_rounds import aplay_probe, build_system
 from mascot.training.judging.judge_sanity import binomial_p
 

@@ -19,18 +19,14 @@ from mascot.rosters import Roster, load_roster
 from mascot.testing.stub_server import start_stub_server
 from mascot.training.judging.judge import Judge
 from mascot.training.judging.judge_sanity import (
-    KINDS,
     SANITY_THRESHOLD,
-    SanityError,
     SanityReport,
-    SanitySet,
-    list_sanity_sets,
-    load_sanity_set,
     read_sanity_report,
     run_sanity,
     sanity_metric_weight,
 )
 from mascot.training.judging.rubric import load_rubric
+from mascot.training.judging.sanity_set import KINDS, SanityError, SanitySet, list_sanity_sets, load_sanity_set
 from mascot.training.judging.targets import BlockTarget, ReplyTarget
 
 ROSTERS = ["emotional_support", "workplace_meeting"]

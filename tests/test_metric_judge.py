@@ -12,7 +12,7 @@ from mascot.cli import main
 from mascot.graphs.embeddings import LexicalEmbedder
 from mascot.rosters import Roster, load_roster
 from mascot.training.judging import metric_judge
-from mascot.training.judging.judge_sanity import load_sanity_set, metric_sanity
+from mascot.training.judging.judge_sanity import metric_sanity
 from mascot.training.judging.judgement import JudgedCandidate
 from mascot.training.judging.metric_judge import (
     combine_overall,
@@ -20,6 +20,7 @@ from mascot.training.judging.metric_judge import (
     metric_overalls,
     with_metric_overall,
 )
+from mascot.training.judging.sanity_set import load_sanity_set
 from mascot.training.measures import cosine, describe_persona
 
 LEXICAL = LexicalEmbedder()

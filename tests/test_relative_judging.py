@@ -22,13 +22,13 @@ from mascot.rosters import Roster
 from mascot.training.judging.judge import Judge
 from mascot.training.judging.judge_sanity import (
     choose_mode,
-    load_sanity_set,
     read_sanity_report,
     run_relative_sanity,
     run_sanity,
 )
 from mascot.training.judging.judgement import Judgement, JudgeOutputError
 from mascot.training.judging.relative import RANK_MAX, RelativeJudge, chance_of_a
+from mascot.training.judging.sanity_set import load_sanity_set
 from mascot.training.judging.targets import reply_target
 
 GOOD = "What made this one feel like a verdict on you, rather than one bad morning?"

@@ -293,12 +293,12 @@ def _label_weight(args: argparse.Namespace, judged: list[Any]) -> tuple[float, s
     from mascot.training.judging.judge_sanity import (
         SANITY_P_VALUE,
         SANITY_THRESHOLD,
-        SanityError,
         binomial_p,
         read_sanity_report,
         sanity_metric_weight,
         trusted,
     )
+    from mascot.training.judging.sanity_set import SanityError
 
     if args.metric_weight is not None:
         return args.metric_weight, "--metric-weight"

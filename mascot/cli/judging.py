@@ -179,7 +179,8 @@ def _judge(args: argparse.Namespace) -> int:
 
 def _mode(args: argparse.Namespace) -> str:
     """The judging mode of ``judge --in``: ``--mode``, or the one a sanity report chose."""
-    from mascot.training.judging.judge_sanity import SanityError, read_sanity_report
+    from mascot.training.judging.judge_sanity import read_sanity_report
+    from mascot.training.judging.sanity_set import SanityError
 
     if args.modes:
         raise UsageError("--modes needs --sanity (use --mode or --mode-from to label)")
@@ -202,17 +203,11 @@ def _judge_sanity(args: argparse.Namespace) -> int:
     """``judge --sanity``: the judge on the roster's sanity set, reported as pairwise accuracy."""
     from mascot.training.jsonl import check_writable
     from mascot.training.judging.judge import Judge
-    from mascot.training.judging.judge_sanity import (
-        SanityError,
-        arun_relative_sanity,
-        arun_sanity,
-        choose_mode,
-        load_sanity_set,
-        metric_sanity,
-    )
+    from mascot.training.judging.judge_sanity import arun_relative_sanity, arun_sanity, choose_mode, metric_sanity
     from mascot.training.judging.judgement import JudgementCache
     from mascot.training.judging.relative import RelativeJudge
     from mascot.training.judging.rubric import load_rubric
+    from mascot.training.judging.sanity_set import SanityError, load_sanity_set
 
     if args.source:
         raise UsageError("--sanity judges the roster's sanity set; leave out --in")

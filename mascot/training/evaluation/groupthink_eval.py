@@ -29,14 +29,12 @@ from mascot.rosters import Roster
 from mascot.rosters.probes import ProbeSetError, load_labelled_replies, load_probes
 from mascot.training.evaluation.groupthink import (
     JudgeScorer,
-    ProbeRound,
     RuleScorer,
     acheck_scorer,
-    ascore_rounds,
     check_scorer,
     choose_scorer,
-    groupthink_scores,
 )
+from mascot.training.evaluation.groupthink_rates import ProbeRound, ascore_rounds, groupthink_scores
 from mascot.training.evaluation.probe_rounds import VARIANTS, aplay_probe
 from mascot.training.jsonl import JsonlAppender, read_jsonl
 

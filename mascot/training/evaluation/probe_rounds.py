@@ -35,7 +35,7 @@ from mascot.graphs.director import create_director_graph
 from mascot.graphs.state import round_messages
 from mascot.rosters import Roster
 from mascot.rosters.probes import GroupthinkProbe
-from mascot.training.evaluation.groupthink import ProbeRound
+from mascot.training.evaluation.groupthink_rates import ProbeRound
 
 #: The systems a probe can be played through.
 SYSTEMS = ("director", "director_blind", "round_robin", "all", "single")

@@ -160,8 +160,8 @@ def write_report(summary: Mapping[str, Any], out: str | Path, *, header: str = "
 
 def _groupthink(results: Mapping[str, Any]) -> list[str]:
     """The groupthink section: the scorer and why, its checks, then the table (``groupthink_eval``)."""
-    from mascot.training.evaluation.groupthink import groupthink_table
     from mascot.training.evaluation.groupthink_eval import checks_line
+    from mascot.training.evaluation.groupthink_rates import groupthink_table
 
     return ["## Groupthink (held-out probes)", "",
             f"{len(results['probes'])} held-out probes, one round each, plain and after a scripted confederate "

@@ -15,7 +15,7 @@ candidates is better, they separate them more often. Two modes beside ``absolute
 
 Both write ordinary ``Judgement`` records (``mode`` set, ``overall`` 0-100 from the relative
 score, no criterion scores), so ``mascot pairs`` reads them as it reads absolute ones. The
-judge's sanity check (``judge_sanity.run_sanity_modes``) measures each mode on the same
+judge's sanity check (``judge_sanity.run_relative_sanity``) measures each mode on the same
 pairs; the mode that passes the gate labels.
 """
 
