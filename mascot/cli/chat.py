@@ -12,6 +12,7 @@ from typing import Any
 
 from mascot.cli.options import (
     BASELINES,
+    ROSTER_HELP,
     UsageError,
     add_policy_flags,
     add_safety_flags,
@@ -30,16 +31,17 @@ _QUIT = {"/quit", "/exit", "/q"}
 def add_commands(commands: argparse._SubParsersAction) -> None:
     """Add ``graph`` and ``chat``."""
     graph = commands.add_parser("graph", help="print the mermaid diagram of a graph")
-    graph.add_argument("--roster", required=True, metavar="ID_OR_PATH")
+    graph.add_argument("--roster", required=True, metavar="ID_OR_PATH", help=ROSTER_HELP)
     graph.add_argument("--baseline", choices=BASELINES, help="draw a baseline instead")
     graph.add_argument("--plain", action="store_true", help="without colours and curve settings (shorter)")
     graph.set_defaults(run=_graph)
 
     chat = commands.add_parser("chat", help="a directed conversation in the terminal")
-    chat.add_argument("--roster", required=True, metavar="ID_OR_PATH")
+    chat.add_argument("--roster", required=True, metavar="ID_OR_PATH", help=ROSTER_HELP)
     add_policy_flags(chat)
     chat.add_argument("--message", help="run one round on this message and exit")
-    chat.add_argument("--max-rounds", type=positive, default=10, metavar="N")
+    chat.add_argument("--max-rounds", type=positive, default=10, metavar="N",
+                      help="rounds (one message of yours each) before the chat ends")
     chat.add_argument("--max-speakers", type=positive, default=3, metavar="N",
                       help="persona turns per round (default 3)")
     chat.add_argument("--seed", type=int, help="seed for sampling")

@@ -12,6 +12,8 @@ from typing import Any
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from mascot.cli.options import (
+    CONCURRENCY_HELP,
+    ROSTER_HELP,
     UsageError,
     add_policy_flags,
     err,
@@ -31,12 +33,12 @@ def add_commands(commands: argparse._SubParsersAction) -> None:
     )
     candidates.add_argument("--in", dest="source", required=True, metavar="EPISODES",
                             help="episode JSONL (from rollout or import-logs)")
-    candidates.add_argument("--roster", required=True, metavar="ID_OR_PATH")
+    candidates.add_argument("--roster", required=True, metavar="ID_OR_PATH", help=ROSTER_HELP)
     add_policy_flags(candidates)
     candidates.add_argument("--k", type=positive, default=4, help="replies per context (default 4)")
     candidates.add_argument("--max-contexts", type=positive, metavar="N",
                             help="use only the first N persona turns")
-    candidates.add_argument("--concurrency", type=positive, default=8, metavar="C")
+    candidates.add_argument("--concurrency", type=positive, default=8, metavar="C", help=CONCURRENCY_HELP)
     candidates.add_argument("--seed", type=int, help="seed for sampling")
     candidates.add_argument("--out", required=True, metavar="FILE", help="candidate JSONL (appended)")
     candidates.set_defaults(run=_candidates)
@@ -45,14 +47,15 @@ def add_commands(commands: argparse._SubParsersAction) -> None:
         "blocks", help="play G sibling blocks at each Director decision point, for the group reward model")
     blocks.add_argument("--in", dest="source", required=True, metavar="EPISODES",
                         help="episode JSONL (from rollout or import-logs)")
-    blocks.add_argument("--roster", required=True, metavar="ID_OR_PATH")
+    blocks.add_argument("--roster", required=True, metavar="ID_OR_PATH", help=ROSTER_HELP)
     add_policy_flags(blocks)
     blocks.add_argument("--g", type=positive, default=4, metavar="G", help="blocks per decision point (default 4)")
     blocks.add_argument("--block-turns", type=positive, default=3, metavar="N",
                         help="turns played after each decision (default 3)")
     blocks.add_argument("--max-points", type=positive, metavar="N", help="use only the first N decision points")
-    blocks.add_argument("--max-speakers-per-round", type=positive, default=3, metavar="N")
-    blocks.add_argument("--concurrency", type=positive, default=8, metavar="C")
+    blocks.add_argument("--max-speakers-per-round", type=positive, default=3, metavar="N",
+                        help="persona turns before the turn returns to the person")
+    blocks.add_argument("--concurrency", type=positive, default=8, metavar="C", help=CONCURRENCY_HELP)
     blocks.add_argument("--seed", type=int, help="seed for sampling")
     blocks.add_argument("--out", required=True, metavar="FILE", help="sibling block JSONL (appended)")
     blocks.set_defaults(run=_blocks)
@@ -62,7 +65,7 @@ def add_commands(commands: argparse._SubParsersAction) -> None:
                         "policy and a teacher, kept only when they pass the checks (mascot train-sft --samples)")
     samples.add_argument("--in", dest="source", required=True, metavar="EPISODES",
                          help="episode JSONL of the train scenarios (from rollout or import-logs)")
-    samples.add_argument("--roster", required=True, metavar="ID_OR_PATH")
+    samples.add_argument("--roster", required=True, metavar="ID_OR_PATH", help=ROSTER_HELP)
     add_policy_flags(samples)
     teacher = samples.add_argument_group("teacher (optional, one of)").add_mutually_exclusive_group()
     teacher.add_argument("--teacher-model", metavar="HF_ID_OR_PATH",
@@ -71,7 +74,7 @@ def add_commands(commands: argparse._SubParsersAction) -> None:
     samples.add_argument("--k", type=positive, default=4, help="samples per context and source (default 4)")
     samples.add_argument("--max-points", type=positive, metavar="N", help="use only the first N decision points")
     samples.add_argument("--max-contexts", type=positive, metavar="N", help="use only the first N persona turns")
-    samples.add_argument("--concurrency", type=positive, default=8, metavar="C")
+    samples.add_argument("--concurrency", type=positive, default=8, metavar="C", help=CONCURRENCY_HELP)
     samples.add_argument("--play", action="store_true",
                          help="play each passing direction as a one-turn block with the policy's speakers, so "
                               "directions are ranked by what their voice then said (mascot train-sft --samples)")
@@ -101,8 +104,9 @@ def add_commands(commands: argparse._SubParsersAction) -> None:
                             "W = 1 (the metric judge alone) unless the judge is trusted (at least 75%% "
                             "right with p < 0.01 against chance), else 0")
     pairs.add_argument("--roster", metavar="ID_OR_PATH", help="the candidates' roster (needed when W > 0)")
-    pairs.add_argument("--test-fraction", type=float, default=0.1, metavar="F")
-    pairs.add_argument("--seed", type=int, default=0)
+    pairs.add_argument("--test-fraction", type=float, default=0.1, metavar="F",
+                       help="share of the contexts held out in test.jsonl (a context's pairs stay together)")
+    pairs.add_argument("--seed", type=int, default=0, help="seed of the train/test split")
     pairs.add_argument("--out", required=True, metavar="DIR", help="folder for train.jsonl and test.jsonl")
     pairs.set_defaults(run=_pairs)
 

@@ -19,6 +19,7 @@ from rich.progress import (
 
 from mascot.cli.options import (
     BASELINES,
+    ROSTER_HELP,
     UsageError,
     add_policy_flags,
     add_safety_flags,
@@ -44,9 +45,10 @@ def add_commands(commands: argparse._SubParsersAction) -> None:
     rollout = commands.add_parser(
         "rollout", help="run many episodes with a simulated user, resumable, into a JSONL file"
     )
-    rollout.add_argument("--roster", required=True, metavar="ID_OR_PATH")
+    rollout.add_argument("--roster", required=True, metavar="ID_OR_PATH", help=ROSTER_HELP)
     add_policy_flags(rollout)
-    rollout.add_argument("--episodes", type=positive, required=True, metavar="N")
+    rollout.add_argument("--episodes", type=positive, required=True, metavar="N",
+                         help="episodes the file holds when done (a rerun plays only the missing ones)")
     rollout.add_argument("--concurrency", type=positive, default=8, metavar="C",
                          help="episodes at once (default 8)")
     rollout.add_argument("--scenarios", metavar="FILE",
@@ -81,7 +83,7 @@ def add_commands(commands: argparse._SubParsersAction) -> None:
                          help="sqlite:///relative.db, sqlite:////absolute.db or postgresql://...")
     imports.add_argument("--thread-id", action="append", metavar="ID",
                          help="import only this thread (repeatable)")
-    imports.add_argument("--roster", required=True, metavar="ID_OR_PATH")
+    imports.add_argument("--roster", required=True, metavar="ID_OR_PATH", help=ROSTER_HELP)
     imports.add_argument("--out", required=True, metavar="FILE", help="episode JSONL (appended)")
     imports.set_defaults(run=_import_logs)
 

@@ -8,6 +8,8 @@ from pathlib import Path
 from typing import Any
 
 from mascot.cli.options import (
+    CONCURRENCY_HELP,
+    ROSTER_HELP,
     UsageError,
     add_judge_flags,
     budgets,
@@ -26,7 +28,7 @@ from mascot.rosters import load_profiles, load_roster, load_scenarios
 def add_commands(commands: argparse._SubParsersAction) -> None:
     """Add ``eval`` to the command line."""
     evaluate = commands.add_parser("eval", help="compare trained policies with the baselines: tables and plots")
-    evaluate.add_argument("--roster", required=True, metavar="ID_OR_PATH")
+    evaluate.add_argument("--roster", required=True, metavar="ID_OR_PATH", help=ROSTER_HELP)
     evaluate.add_argument("--policies", required=True, metavar="FILE",
                           help="the trained policy file (its 'default' role is the base model of the baselines)")
     evaluate.add_argument("--baselines", metavar="A,B",
@@ -39,12 +41,14 @@ def add_commands(commands: argparse._SubParsersAction) -> None:
     evaluate.add_argument("--profiles", metavar="FILE", help="user profiles (default: the roster's)")
     evaluate.add_argument("--episodes", type=positive, default=8, metavar="N", help="episodes per system")
     add_judge_flags(evaluate, required=True)
-    evaluate.add_argument("--max-rounds", type=positive, default=2, metavar="N")
-    evaluate.add_argument("--max-speakers", type=positive, default=3, metavar="N")
+    evaluate.add_argument("--max-rounds", type=positive, default=2, metavar="N",
+                          help="rounds per episode (one simulated-user message each)")
+    evaluate.add_argument("--max-speakers", type=positive, default=3, metavar="N", help="persona turns per round")
     evaluate.add_argument("--max-tokens", type=budgets, metavar="N|ROLE=N,...",
                           help="reply budgets of the evaluated systems: N for every role, or per role "
                                "(director, speakers, user); default: each role's own")
-    evaluate.add_argument("--block-turns", type=positive, default=4, metavar="N")
+    evaluate.add_argument("--block-turns", type=positive, default=4, metavar="N",
+                          help="turns in each block the group rubric judges")
     evaluate.add_argument("--metrics-only", default="", metavar="A,B",
                           help="systems measured by the automatic metrics only, not judged (saves judge calls)")
     evaluate.add_argument("--rubrics", default="persona,group,direction", metavar="A,B",
@@ -55,12 +59,14 @@ def add_commands(commands: argparse._SubParsersAction) -> None:
                                "plain and after a "
                                "confederate) through every system and report endorses-only, concern and "
                                "conformity rates (default 0: not measured)")
-    evaluate.add_argument("--concurrency", type=positive, default=4, metavar="C")
+    evaluate.add_argument("--concurrency", type=positive, default=4, metavar="C", help=CONCURRENCY_HELP)
     evaluate.add_argument("--engine", choices=("local", "vllm"), default="local",
                           help="what runs the local models: local (in-process) or vllm (a vLLM server for the "
                                "policies and one for a local judge, started for this command)")
-    evaluate.add_argument("--seed", type=int, default=0)
-    evaluate.add_argument("--out", required=True, metavar="DIR")
+    evaluate.add_argument("--seed", type=int, default=0,
+                          help="seed of the episode plan (every system plays the same scenarios and profiles)")
+    evaluate.add_argument("--out", required=True, metavar="DIR",
+                          help="folder of the report, results.json/.csv, plots and episodes")
     evaluate.set_defaults(run=_eval)
 
 

@@ -11,10 +11,15 @@ one from its last checkpoint.
 from __future__ import annotations
 
 import argparse
+from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 from typing import Any
 
+from mascot.cli import training_inputs as inputs
 from mascot.cli.options import (
+    METHOD_HELP,
+    ROSTER_HELP,
     UsageError,
     add_recipe_flags,
     err,
@@ -23,12 +28,11 @@ from mascot.cli.options import (
     out,
     recipe_from_args,
 )
+from mascot.cli.training_inputs import SHARED_ADAPTER
 from mascot.rosters import Roster, load_roster
 
 #: Policy file written under ``--out`` when ``--policy-file`` is not given.
 POLICY_FILE = "policies.yaml"
-#: Adapter name of one adapter shared by every persona.
-SHARED_ADAPTER = "speakers"
 
 
 def add_commands(commands: argparse._SubParsersAction) -> None:
@@ -36,12 +40,12 @@ def add_commands(commands: argparse._SubParsersAction) -> None:
     train_rm = commands.add_parser("train-rm", help="train a LoRA reward model on preference pairs")
     train_rm.add_argument("--pairs", required=True, metavar="DIR", help="folder from mascot pairs")
     add_recipe_flags(train_rm, "RewardModelConfig", "RewardConfig")
-    train_rm.add_argument("--out", required=True, metavar="DIR")
+    train_rm.add_argument("--out", required=True, metavar="DIR", help="folder of the reward model")
     train_rm.set_defaults(run=_train_rm, allocator="train")
 
     sft = commands.add_parser(
         "train-sft", help="fit the warm start (SFT, LoRA) on the best-judged replies and directions")
-    sft.add_argument("--roster", required=True, metavar="ID_OR_PATH")
+    sft.add_argument("--roster", required=True, metavar="ID_OR_PATH", help=ROSTER_HELP)
     sft.add_argument("--pairs", metavar="DIR", help="persona pairs (mascot pairs): the speakers' adapter "
                                                     f"'{SHARED_ADAPTER}' learns each context's best winner")
     sft.add_argument("--group-pairs", metavar="DIR", help="group pairs of sibling blocks: the Director's adapter "
@@ -58,8 +62,8 @@ def add_commands(commands: argparse._SubParsersAction) -> None:
 
     speakers = commands.add_parser(
         "train-speakers", help="fit a LoRA adapter per persona: GRPO on a persona RM, or DPO on pairs")
-    speakers.add_argument("--roster", required=True, metavar="ID_OR_PATH")
-    speakers.add_argument("--method", choices=("grpo", "dpo"), default="grpo")
+    speakers.add_argument("--roster", required=True, metavar="ID_OR_PATH", help=ROSTER_HELP)
+    speakers.add_argument("--method", choices=("grpo", "dpo"), default="grpo", help=METHOD_HELP)
     speakers.add_argument("--episodes", metavar="FILE", help="episodes whose persona turns are the prompts (grpo)")
     speakers.add_argument("--rm", metavar="PERSONA_RM_DIR", help="persona reward model from train-rm (grpo)")
     speakers.add_argument("--pairs", metavar="DIR_OR_FILE", help="preference pairs from mascot pairs (dpo)")
@@ -72,8 +76,8 @@ def add_commands(commands: argparse._SubParsersAction) -> None:
 
     director = commands.add_parser(
         "train-director", help="fit the Director's LoRA adapter: GRPO on rolled-out blocks, or DPO on pairs")
-    director.add_argument("--roster", required=True, metavar="ID_OR_PATH")
-    director.add_argument("--method", choices=("grpo", "dpo"), default="grpo")
+    director.add_argument("--roster", required=True, metavar="ID_OR_PATH", help=ROSTER_HELP)
+    director.add_argument("--method", choices=("grpo", "dpo"), default="grpo", help=METHOD_HELP)
     director.add_argument("--episodes", metavar="FILE",
                           help="episodes whose Director decision points are the prompts (grpo)")
     director.add_argument("--group-rm", metavar="GROUP_RM_DIR", help="group reward model from train-rm (grpo)")
@@ -100,30 +104,48 @@ def _add_common(parser: argparse.ArgumentParser, ours: str, trainer: str) -> Non
     add_recipe_flags(parser, ours, trainer)
 
 
-def _train_speakers(args: argparse.Namespace) -> int:
+def _fit_adapter(args: argparse.Namespace, name: str, *, roles: list[str], policy_file: Path, base: str,
+                 roster: Roster, train: Callable[[], bool | None], errors: tuple[type[Exception], ...] = ()) -> None:
+    """One adapter's life cycle, the same in every training command: its folder under
+    ``--out``, skipped when finished unless ``--retrain``, else ``train()`` (which returns
+    ``False`` when it trained nothing and the adapter is not to be registered), then
+    registered for ``roles`` in ``policy_file`` by the process that writes files. ``errors``
+    (with a bad folder and ``ValueError``) become one usage line naming the adapter."""
     from mascot.training.fitting.adapter_folder import AdapterFolderError, adapter_target, is_finished
     from mascot.training.fitting.adapter_registry import register_adapter
+
+    try:
+        target = adapter_target(args.out, name)
+        if is_finished(target) and not args.retrain:
+            err.print(f"{name}: already trained in {target} (--retrain to train again)", markup=False)
+        elif train() is False:
+            return
+    except (AdapterFolderError, ValueError, *errors) as exc:
+        raise UsageError(f"{name}: {exc}") from None
+    if _main_process():
+        for role in roles:
+            register_adapter(policy_file, role, base=base, adapter=target, roster=roster)
+
+
+def _train_speakers(args: argparse.Namespace) -> int:
     from mascot.training.fitting.reward_model import RewardModel, RewardModelError
-    from mascot.training.fitting.speaker_dpo import SpeakerDPOConfig, SpeakerDPOError, train_speaker_dpo
-    from mascot.training.fitting.speaker_training import (
-        SpeakerTrainingConfig,
-        SpeakerTrainingError,
-        speaker_prompts,
-        train_speaker,
-    )
+    from mascot.training.fitting.speaker_dpo import SpeakerDPOConfig, SpeakerDPOError
+    from mascot.training.fitting.speaker_training import SpeakerTrainingConfig, SpeakerTrainingError
 
     roster = load_roster(args.roster)
     config, base = recipe_from_args(SpeakerDPOConfig if args.method == "dpo" else SpeakerTrainingConfig, args)
-    personas = _personas(args.personas.split(",") if args.personas else config.personas, roster)
+    personas = inputs.personas(args.personas.split(",") if args.personas else config.personas, roster)
     shared = args.shared or not config.per_persona
     policy_file = Path(args.policy_file or Path(args.out) / POLICY_FILE)
+    rows: list[dict[str, Any]] = []
+    episodes: list[Any] = []
     if args.method == "dpo":
-        rows = _pairs(args.pairs)
+        rows = inputs.pairs(args.pairs)
         source, reward_model = str(args.pairs), None
     else:
         if not args.episodes:
             raise UsageError("--method grpo needs --episodes FILE (the persona turns are its prompts)")
-        episodes = _episodes(args.episodes, roster)
+        episodes = inputs.episodes(args.episodes, roster)
         source, reward_model = args.episodes, None
         if config.rm_weight:
             if not args.rm:
@@ -134,50 +156,59 @@ def _train_speakers(args: argparse.Namespace) -> int:
                 raise UsageError(f"--rm: {exc}") from None
     jobs = [(SHARED_ADAPTER, None)] if shared else [(p, p) for p in personas]
     for name, persona in jobs:
-        try:
-            target = adapter_target(args.out, name)
-            if is_finished(target) and not args.retrain:
-                err.print(f"{name}: already trained in {target} (--retrain to train again)", markup=False)
-            elif args.method == "dpo":
-                mine = [r for r in rows
-                        if (r.get("persona") in personas if persona is None else r.get("persona") == persona)]
-                if not mine:
-                    raise UsageError(f"--pairs: no pairs of persona '{name}' in {args.pairs}")
-                err.print(f"{name}: DPO on {len(mine)} pairs from {base}", markup=False)
-                report = train_speaker_dpo(mine, base=base, persona=name, out=args.out, config=config, data=source)
-                out.print(f"train-speakers: {name} -> {report.out} (dpo, {report.steps} steps, "
-                          f"loss {report.train_loss:.3f}, {report.seconds:.0f} s)", markup=False)
-            else:
-                if persona is not None and not _has_turns(episodes, persona) and not args.personas:
-                    err.print(f"{name}: no turn with a stage direction in {args.episodes}; not trained",
-                              markup=False)
-                    continue
-                dataset = speaker_prompts(episodes, roster, persona)
-                if persona is None:
-                    dataset = dataset.filter(lambda row: row["persona"] in personas)
-                terms = config.reward_terms(roster, persona, reward_model=reward_model)
-                err.print(f"{name}: GRPO on {len(dataset)} prompts from {base}", markup=False)
-                report = train_speaker(dataset, base=base, persona=name, out=args.out, reward_funcs=terms,
-                                       config=config, data=source)
-                out.print(f"train-speakers: {name} -> {report.out} (grpo, {report.steps} steps, reward "
-                          f"{_number(report.reward_first)} -> {_number(report.reward_last)}, "
-                          f"{report.seconds:.0f} s)", markup=False)
-        except (AdapterFolderError, SpeakerTrainingError, SpeakerDPOError, ValueError) as exc:
-            raise UsageError(f"{name}: {exc}") from None
-        if _main_process():
-            for role in personas if persona is None else [persona]:
-                register_adapter(policy_file, role, base=base, adapter=target, roster=roster)
+        if args.method == "dpo":
+            mine = [r for r in rows
+                    if (r.get("persona") in personas if persona is None else r.get("persona") == persona)]
+            train = partial(_speaker_dpo, args, name, mine, base, config, source)
+        else:
+            train = partial(_speaker_grpo, args, name, persona, episodes, roster, personas, base, config, source,
+                            reward_model)
+        _fit_adapter(args, name, roles=personas if persona is None else [persona], policy_file=policy_file, base=base,
+                     roster=roster, train=train, errors=(SpeakerTrainingError, SpeakerDPOError))
     out.print(f"train-speakers: policy file {policy_file} (mascot chat --roster {roster.id} "
               f"--policies {policy_file})", markup=False)
     return 0
 
 
+def _speaker_dpo(args: argparse.Namespace, name: str, rows: list[dict[str, Any]], base: str, config: Any,
+                 source: str, *, command: str = "train-speakers") -> None:
+    """DPO of one adapter on its role's pairs (``train-speakers`` and ``train-director --method dpo``)."""
+    from mascot.training.fitting.speaker_dpo import train_speaker_dpo
+
+    if not rows:
+        raise UsageError(f"--pairs: no pairs of persona '{name}' in {args.pairs}")
+    err.print(f"{name}: DPO on {len(rows)} pairs from {base}", markup=False)
+    report = train_speaker_dpo(rows, base=base, persona=name, out=args.out, config=config, data=source)
+    out.print(f"{command}: {name} -> {report.out} (dpo, {report.steps} steps, "
+              f"loss {report.train_loss:.3f}, {report.seconds:.0f} s)", markup=False)
+
+
+def _speaker_grpo(args: argparse.Namespace, name: str, persona: str | None, episodes: list[Any], roster: Roster,
+                  personas: list[str], base: str, config: Any, source: str, reward_model: Any) -> bool | None:
+    """``train-speakers --method grpo``: one adapter fitted on its personas' turns; ``False``
+    (not trained, not registered) for a persona with no directed turn that was not asked for."""
+    from mascot.training.fitting.speaker_training import speaker_prompts, train_speaker
+
+    if persona is not None and not inputs.has_turns(episodes, persona) and not args.personas:
+        err.print(f"{name}: no turn with a stage direction in {args.episodes}; not trained", markup=False)
+        return False
+    dataset = speaker_prompts(episodes, roster, persona)
+    if persona is None:
+        dataset = dataset.filter(lambda row: row["persona"] in personas)
+    terms = config.reward_terms(roster, persona, reward_model=reward_model)
+    err.print(f"{name}: GRPO on {len(dataset)} prompts from {base}", markup=False)
+    report = train_speaker(dataset, base=base, persona=name, out=args.out, reward_funcs=terms, config=config,
+                           data=source)
+    out.print(f"train-speakers: {name} -> {report.out} (grpo, {report.steps} steps, reward "
+              f"{_number(report.reward_first)} -> {_number(report.reward_last)}, {report.seconds:.0f} s)",
+              markup=False)
+    return None
+
+
 def _train_director(args: argparse.Namespace) -> int:
     from mascot.policies import Policies
-    from mascot.training.data.block_rollout import BlockRollout, decision_points
-    from mascot.training.fitting.adapter_folder import AdapterFolderError, adapter_target, is_finished
-    from mascot.training.fitting.adapter_registry import register_adapter
-    from mascot.training.fitting.director_training import DirectorTrainingConfig, train_director
+    from mascot.training.data.block_rollout import decision_points
+    from mascot.training.fitting.director_training import DirectorTrainingConfig
     from mascot.training.fitting.reward_model import RewardModel, RewardModelError
 
     roster = load_roster(args.roster)
@@ -193,7 +224,7 @@ def _train_director(args: argparse.Namespace) -> int:
     if not Path(args.speakers).is_file():
         raise UsageError(f"--speakers: no such file {args.speakers}")
     policy_file = Path(args.policy_file or args.speakers)
-    points = decision_points(_episodes(args.episodes, roster), roster,
+    points = decision_points(inputs.episodes(args.episodes, roster), roster,
                              max_speakers_per_round=config.max_speakers_per_round,
                              min_speakers_per_round=config.min_speakers_per_round)
     if not points:
@@ -208,48 +239,48 @@ def _train_director(args: argparse.Namespace) -> int:
             raise UsageError(f"--group-rm: {exc}") from None
     policies = on_engine(args, Policies.from_file(args.speakers, roster))
     mask_secrets_in_logs(policies)
-    try:
-        target = adapter_target(args.out, "director")
-    except AdapterFolderError as exc:
-        raise UsageError(str(exc)) from None
-    if is_finished(target) and not args.retrain:
-        err.print(f"director: already trained in {target} (--retrain to train again)", markup=False)
-    else:
-        rollout = BlockRollout(roster, speakers=policies.speakers(), director=policies.chat_model("director"),
-                               user=policies.chat_model("user"), block_turns=config.block_turns,
-                               max_speakers_per_round=config.max_speakers_per_round,
-                               min_speakers_per_round=config.min_speakers_per_round,
-                               concurrency=config.rollout_concurrency)
-        rollout_func = None
-        pool = getattr(args, "vllm_pool", None)
-        if pool is not None:  # the directions are sampled on the server too, with their blocks
-            from mascot.policies.vllm import load_adapters
-            from mascot.training.fitting.director_rollout import DirectorRollout
-
-            url = pool.url(base)
-            rollout_func = DirectorRollout(points, rollout, url=url, served_name=pool.served_name(url, base),
-                                           adapters_dir=Path(args.out) / "checkpoints" / "director-served",
-                                           concurrency=config.rollout_concurrency,
-                                           load=lambda url, adapters: load_adapters(
-                                               url, adapters, allowed=pool.allowed_modules(url)))
-        err.print(f"director: GRPO on {len(points)} decision points from {base}, "
-                  f"{config.block_turns} turns per block, directions sampled "
-                  f"{'on the vLLM server' if rollout_func else 'in process'}", markup=False)
-        try:
-            report = train_director(points, base=base, out=args.out, rollout=rollout, group_rm=group_rm,
-                                    config=config, data=args.episodes, rollout_func=rollout_func)
-        except (AdapterFolderError, ValueError) as exc:
-            raise UsageError(f"director: {exc}") from None
-        finally:
-            rollout.close()
-        out.print(f"train-director: director -> {report.out} ({report.steps} steps, reward "
-                  f"{_number(report.reward_first)} -> {_number(report.reward_last)}, {report.seconds:.0f} s)",
-                  markup=False)
-    if _main_process():
-        register_adapter(policy_file, "director", base=base, adapter=target, roster=roster)
+    _fit_adapter(args, "director", roles=["director"], policy_file=policy_file, base=base, roster=roster,
+                 train=partial(_director_grpo, args, points, policies, roster, base, config, group_rm))
     out.print(f"train-director: policy file {policy_file} (mascot chat --roster {roster.id} "
               f"--policies {policy_file})", markup=False)
     return 0
+
+
+def _director_grpo(args: argparse.Namespace, points: list[Any], policies: Any, roster: Roster, base: str,
+                   config: Any, group_rm: Any) -> None:
+    """``train-director --method grpo``: the Director's adapter fitted on its decision points,
+    each sampled direction played for a block (on the vLLM servers when ``--engine vllm``)."""
+    from mascot.training.data.block_rollout import BlockRollout
+    from mascot.training.fitting.director_training import train_director
+
+    rollout = BlockRollout(roster, speakers=policies.speakers(), director=policies.chat_model("director"),
+                           user=policies.chat_model("user"), block_turns=config.block_turns,
+                           max_speakers_per_round=config.max_speakers_per_round,
+                           min_speakers_per_round=config.min_speakers_per_round,
+                           concurrency=config.rollout_concurrency)
+    rollout_func = None
+    pool = getattr(args, "vllm_pool", None)
+    if pool is not None:  # the directions are sampled on the server too, with their blocks
+        from mascot.policies.vllm import load_adapters
+        from mascot.training.fitting.director_rollout import DirectorRollout
+
+        url = pool.url(base)
+        rollout_func = DirectorRollout(points, rollout, url=url, served_name=pool.served_name(url, base),
+                                       adapters_dir=Path(args.out) / "checkpoints" / "director-served",
+                                       concurrency=config.rollout_concurrency,
+                                       load=lambda url, adapters: load_adapters(
+                                           url, adapters, allowed=pool.allowed_modules(url)))
+    err.print(f"director: GRPO on {len(points)} decision points from {base}, "
+              f"{config.block_turns} turns per block, directions sampled "
+              f"{'on the vLLM server' if rollout_func else 'in process'}", markup=False)
+    try:
+        report = train_director(points, base=base, out=args.out, rollout=rollout, group_rm=group_rm,
+                                config=config, data=args.episodes, rollout_func=rollout_func)
+    finally:
+        rollout.close()
+    out.print(f"train-director: director -> {report.out} ({report.steps} steps, reward "
+              f"{_number(report.reward_first)} -> {_number(report.reward_last)}, {report.seconds:.0f} s)",
+              markup=False)
 
 
 def _train_sft(args: argparse.Namespace) -> int:
@@ -268,29 +299,21 @@ def _train_sft(args: argparse.Namespace) -> int:
         if where and not Path(where).is_file():
             raise UsageError(f"{flag}: no such file {where}")
     for flag, where in (("--pairs", args.pairs), ("--group-pairs", args.group_pairs)):
-        if where and not _pairs_file(where).is_file():
-            raise UsageError(f"{flag}: no such file {_pairs_file(where)}")
-    from mascot.training.fitting.adapter_folder import AdapterFolderError, adapter_target, is_finished
-    from mascot.training.fitting.adapter_registry import register_adapter
-    from mascot.training.fitting.warm_start import (
-        WarmStartConfig,
-        WarmStartError,
-        director_rows,
-        speaker_rows,
-        train_warm_start,
-    )
+        if where and not inputs.pairs_file(where).is_file():
+            raise UsageError(f"{flag}: no such file {inputs.pairs_file(where)}")
+    from mascot.training.fitting.warm_start import WarmStartConfig, WarmStartError, director_rows, speaker_rows
 
     config, base = recipe_from_args(WarmStartConfig, args)
     policy_file = Path(args.policy_file or Path(args.out) / POLICY_FILE)
     jobs = []
     if args.samples:
-        jobs += _sample_jobs(args.samples, args.keep, roster)
+        jobs += inputs.sample_jobs(args.samples, args.keep, roster)
     if args.pairs:
-        found = speaker_rows(_pairs(args.pairs, "--pairs"))
+        found = speaker_rows(inputs.pairs(args.pairs, "--pairs"))
         jobs.append((SHARED_ADAPTER, found, list(roster.persona_ids), args.pairs))
     if args.group_pairs:
-        found = director_rows(_pairs(args.group_pairs, "--group-pairs"), _blocks(args.blocks),
-                              _director_prompts(args.episodes, roster))
+        found = director_rows(inputs.pairs(args.group_pairs, "--group-pairs"), inputs.blocks(args.blocks),
+                              inputs.director_prompts(args.episodes, roster))
         jobs.append(("director", found, ["director"], args.group_pairs))
     for name, found, roles, source in jobs:
         left = ", ".join(f"{n} {k}" for k, n in sorted(found.faults.items())) or "none"
@@ -298,34 +321,31 @@ def _train_sft(args: argparse.Namespace) -> int:
                 else f"{len(found.rows)} of {found.contexts} contexts' best winners")
         err.print(f"{name}: SFT on {what} from {base} (left out: faults {left}; invalid directions {found.invalid})",
                   markup=False)
-        try:
-            target = adapter_target(args.out, name)
-            if is_finished(target) and not args.retrain:
-                err.print(f"{name}: already trained in {target} (--retrain to train again)", markup=False)
-            else:
-                run = train_warm_start(found.rows, base=base, name=name, out=args.out, config=config, data=source)
-                out.print(f"train-sft: {name} -> {run.out} ({run.data_size} rows, {run.steps} steps, token "
-                          f"accuracy {_number(run.reward_first)} -> {_number(run.reward_last)}, loss "
-                          f"{run.train_loss:.3f}, {run.seconds:.0f} s)", markup=False)
-        except (AdapterFolderError, WarmStartError, ValueError) as exc:
-            raise UsageError(f"{name}: {exc}") from None
-        if _main_process():
-            for role in roles:
-                register_adapter(policy_file, role, base=base, adapter=target, roster=roster)
+        _fit_adapter(args, name, roles=roles, policy_file=policy_file, base=base, roster=roster,
+                     train=partial(_warm_start, args, name, found, base, config, source), errors=(WarmStartError,))
     out.print(f"train-sft: policy file {policy_file} (the candidate sampler: mascot candidates --policies "
               f"{policy_file}; GRPO from it: --init_adapter {Path(args.out) / SHARED_ADAPTER})", markup=False)
     return 0
 
 
+def _warm_start(args: argparse.Namespace, name: str, found: Any, base: str, config: Any, source: str) -> None:
+    """``train-sft``: one adapter fitted on its rows."""
+    from mascot.training.fitting.warm_start import train_warm_start
+
+    run = train_warm_start(found.rows, base=base, name=name, out=args.out, config=config, data=source)
+    out.print(f"train-sft: {name} -> {run.out} ({run.data_size} rows, {run.steps} steps, token "
+              f"accuracy {_number(run.reward_first)} -> {_number(run.reward_last)}, loss "
+              f"{run.train_loss:.3f}, {run.seconds:.0f} s)", markup=False)
+
+
 def _train_director_dpo(args: argparse.Namespace, roster: Roster) -> int:
     """``train-director --method dpo``: the Director's adapter fitted on its preference pairs."""
-    from mascot.training.fitting.adapter_folder import AdapterFolderError, adapter_target, is_finished
     from mascot.training.fitting.adapter_registry import register_adapter
-    from mascot.training.fitting.speaker_dpo import SpeakerDPOConfig, SpeakerDPOError, train_speaker_dpo
+    from mascot.training.fitting.speaker_dpo import SpeakerDPOConfig, SpeakerDPOError
 
     if not args.pairs:
         raise UsageError("--method dpo needs --pairs DIR (mascot pairs --samples or --approvals)")
-    rows = [r for r in _pairs(args.pairs) if r.get("persona") == "director"]
+    rows = [r for r in inputs.pairs(args.pairs) if r.get("persona") == "director"]
     config, base = recipe_from_args(SpeakerDPOConfig, args)
     policy_file = Path(args.policy_file or Path(args.out) / POLICY_FILE)
     if not rows:  # as train-speakers does with a persona that has no turn: said, and left as it was
@@ -335,109 +355,11 @@ def _train_director_dpo(args: argparse.Namespace, roster: Roster) -> int:
         err.print(f"director: no Director pairs (persona 'director') in {args.pairs}; not trained{kept}",
                   markup=False)
         return 0
-    try:
-        target = adapter_target(args.out, "director")
-        if is_finished(target) and not args.retrain:
-            err.print(f"director: already trained in {target} (--retrain to train again)", markup=False)
-        else:
-            err.print(f"director: DPO on {len(rows)} pairs from {base}", markup=False)
-            report = train_speaker_dpo(rows, base=base, persona="director", out=args.out, config=config,
-                                       data=str(args.pairs))
-            out.print(f"train-director: director -> {report.out} (dpo, {report.steps} steps, loss "
-                      f"{report.train_loss:.3f}, {report.seconds:.0f} s)", markup=False)
-    except (AdapterFolderError, SpeakerDPOError, ValueError) as exc:
-        raise UsageError(f"director: {exc}") from None
-    if _main_process():
-        register_adapter(policy_file, "director", base=base, adapter=target, roster=roster)
+    _fit_adapter(args, "director", roles=["director"], policy_file=policy_file, base=base, roster=roster,
+                 train=partial(_speaker_dpo, args, "director", rows, base, config, str(args.pairs),
+                               command="train-director"), errors=(SpeakerDPOError,))
     out.print(f"train-director: policy file {policy_file}", markup=False)
     return 0
-
-
-def _sample_jobs(path: str, keep: int, roster: Roster) -> list[tuple[str, Any, list[str], str]]:
-    """The warm-start jobs of a samples file (``_train_sft`` checked it exists): the speakers'
-    and the Director's rows that passed."""
-    from mascot.training.data.selection import select_rows
-    from mascot.training.data.warm_start_samples import sample_counts
-    from mascot.training.fitting.warm_start import WarmStartRows
-
-    rows = select_rows(path, roster, keep=keep)  # the best of each context by the measured outcomes
-    counts = sample_counts(path)
-    jobs = []
-    for name, role, roles in ((SHARED_ADAPTER, "speakers", list(roster.persona_ids)),
-                              ("director", "director", ["director"])):
-        faults: dict[str, int] = {}
-        for key, row in counts.items():
-            if key.endswith(f"/{role}"):
-                for fault, n in row.items():
-                    if fault not in ("sampled", "passed"):
-                        faults[fault] = faults.get(fault, 0) + n
-        if rows[role]:
-            contexts = len({r["context_id"] for r in rows[role]})
-            jobs.append((name, WarmStartRows(rows=rows[role], contexts=contexts, faults=faults), roles, path))
-    if not jobs:
-        raise UsageError(f"--samples: no sample in {path} passed the checks")
-    return jobs
-
-
-def _blocks(path: str) -> list[Any]:
-    """The sibling blocks of ``--blocks`` (``_train_sft`` checked the file exists)."""
-    from mascot.training.data.sibling_blocks import SiblingBlockError, read_block_candidates
-
-    try:
-        return read_block_candidates(path)
-    except SiblingBlockError as exc:
-        raise UsageError(f"--blocks: {exc}") from None
-
-
-def _director_prompts(path: str, roster: Roster) -> dict[str, Any]:
-    from mascot.training.data.block_rollout import decision_points
-
-    return {p.context_id: p.prompt for p in decision_points(_episodes(path, roster), roster)}
-
-
-def _has_turns(episodes: list[Any], persona: str) -> bool:
-    return any(m.name == persona and m.stage_direction for e in episodes for m in e.messages)
-
-
-def _personas(ids: list[str], roster: Roster) -> list[str]:
-    unknown = [i for i in ids if i not in roster.persona_ids]
-    if unknown:
-        raise UsageError(f"--personas: unknown persona(s) {', '.join(unknown)}; valid: {', '.join(roster.persona_ids)}")
-    return list(ids) or list(roster.persona_ids)
-
-
-def _episodes(path: str, roster: Roster | None = None) -> list[Any]:
-    from mascot.training.episodes.episode import read_episodes
-
-    if not Path(path).is_file():
-        raise UsageError(f"--episodes: no such file {path}")
-    episodes = read_episodes(path)
-    if not episodes:
-        raise UsageError(f"--episodes: no episodes in {path}")
-    others = sorted({e.roster for e in episodes} - {roster.id}) if roster else []
-    if others:
-        raise UsageError(f"--episodes: episodes of roster(s) {', '.join(others)}, not '{roster.id}'")
-    return episodes
-
-
-def _pairs(where: str | None, flag: str = "--pairs") -> list[dict[str, Any]]:
-    from mascot.training.data.pairs import read_pairs
-
-    if not where:
-        raise UsageError("--method dpo needs --pairs DIR (from mascot pairs) or a pairs JSONL file")
-    path = _pairs_file(where)
-    if not path.is_file():
-        raise UsageError(f"{flag}: no such file {path}")
-    rows = read_pairs(path)
-    if not rows:
-        raise UsageError(f"{flag}: no pairs in {path}")
-    return rows
-
-
-def _pairs_file(where: str) -> Path:
-    """The pairs file a ``--pairs`` value names: a file, or ``train.jsonl`` in a folder."""
-    path = Path(where)
-    return path / "train.jsonl" if path.is_dir() else path
 
 
 def _main_process() -> bool:

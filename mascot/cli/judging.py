@@ -13,6 +13,8 @@ from typing import TYPE_CHECKING, Any
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from mascot.cli.options import (
+    CONCURRENCY_HELP,
+    ROSTER_HELP,
     UsageError,
     add_judge_flags,
     add_policy_flags,
@@ -37,8 +39,9 @@ def add_commands(commands: argparse._SubParsersAction) -> None:
     judge.add_argument("--in", dest="source", metavar="FILE",
                        help="episode JSONL (rollout, import-logs) or candidate JSONL (candidates); "
                             "required unless --sanity")
-    judge.add_argument("--rubric", required=True, metavar="persona|group|FILE")
-    judge.add_argument("--roster", required=True, metavar="ID_OR_PATH")
+    judge.add_argument("--rubric", required=True, metavar="persona|group|FILE",
+                       help="a shipped rubric (persona: each turn; group: a block of turns) or a rubric YAML file")
+    judge.add_argument("--roster", required=True, metavar="ID_OR_PATH", help=ROSTER_HELP)
     judge.add_argument("--sanity", action="store_true",
                        help="judge the roster's sanity set instead of --in: fixed better/worse pairs, "
                             "reported as the judge's pairwise accuracy (--out: the report, JSON)")
@@ -61,7 +64,7 @@ def add_commands(commands: argparse._SubParsersAction) -> None:
     judge.add_argument("--retries", type=non_negative, default=4, metavar="N",
                        help="retries of a model call on timeouts, connection errors, 429 and 5xx, "
                             "with exponential backoff (default 4)")
-    judge.add_argument("--concurrency", type=positive, default=8, metavar="C")
+    judge.add_argument("--concurrency", type=positive, default=8, metavar="C", help=CONCURRENCY_HELP)
     judge.add_argument("--seed", type=int, help="seed for sampling")
     judge.add_argument("--cache", metavar="FILE", help="judgement cache (default: OUT's name + .cache.jsonl; "
                                                         "none with --sanity)")

@@ -24,6 +24,10 @@ _DEFAULTS = {"temperature": 0.7, "timeout": 60.0}
 BASELINES = ("single", "round_robin", "random", "all")
 #: Roles a ``--max-tokens role=N`` budget may name; ``speakers`` means every persona.
 BUDGET_ROLES = ("director", "speakers", "user", "judge")
+#: The help of flags several commands share.
+ROSTER_HELP = "a shipped roster's id (mascot rosters lists them) or a roster folder or YAML file"
+CONCURRENCY_HELP = "model requests in flight at once"
+METHOD_HELP = "grpo: sample and score with the reward terms; dpo: fit on preference pairs"
 
 #: Where commands print results (stdout) and progress, warnings and errors (stderr).
 out = Console(highlight=False, soft_wrap=True, emoji=False)

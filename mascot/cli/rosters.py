@@ -8,7 +8,7 @@ from typing import Any
 
 import yaml
 
-from mascot.cli.options import UsageError, err, out
+from mascot.cli.options import ROSTER_HELP, UsageError, err, out
 from mascot.rosters import Roster, list_rosters, load_roster, load_scenarios, roster_path, scenario_path
 from mascot.rosters.reference import schema_reference, with_reference
 from mascot.rosters.scaffold import scaffold_roster
@@ -24,7 +24,7 @@ def add_commands(commands: argparse._SubParsersAction) -> None:
     rosters.set_defaults(run=_rosters_list)
     roster_commands = rosters.add_subparsers(metavar="ACTION")
     show = roster_commands.add_parser("show", help="print one roster")
-    show.add_argument("roster", metavar="ID_OR_PATH")
+    show.add_argument("roster", metavar="ID_OR_PATH", help=ROSTER_HELP)
     show.set_defaults(run=_rosters_show)
     check = roster_commands.add_parser(
         "check", help="validate a roster folder or file and the scenarios.jsonl beside it (exit 0 or 2)")

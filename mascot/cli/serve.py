@@ -24,7 +24,7 @@ def add_commands(commands: argparse._SubParsersAction) -> None:
                        help="local: in-process transformers; vllm: the vLLM server of .venv-vllm "
                             "(scripts/install --vllm), on a CPU or a GPU")
     serve.add_argument("--host", default="127.0.0.1", help="interface to bind (default 127.0.0.1)")
-    serve.add_argument("--port", type=positive, default=8000)
+    serve.add_argument("--port", type=positive, default=8000, help="port to listen on")
     serve.add_argument("--api-key-env", metavar="NAME",
                        help="environment variable with the API key every request must send")
     serve.add_argument("--allow-runtime-lora", action="store_true",

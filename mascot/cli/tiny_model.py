@@ -10,12 +10,14 @@ from mascot.cli.options import out
 def add_commands(commands: argparse._SubParsersAction) -> None:
     """Add ``tiny-model``."""
     tiny = commands.add_parser("tiny-model", help="build a tiny random-weight model offline")
-    tiny.add_argument("--out", required=True, metavar="DIR")
-    tiny.add_argument("--arch", choices=("qwen3", "llama"), default="qwen3")
+    tiny.add_argument("--out", required=True, metavar="DIR", help="folder of the model (and its policies.yaml)")
+    tiny.add_argument("--arch", choices=("qwen3", "llama"), default="qwen3",
+                      help="architecture of the random weights (the tokenizer and chat template follow it)")
     tiny.add_argument("--with-adapters", action="store_true",
                       help="also save a non-zero LoRA adapter per persona, named in policies.yaml")
-    tiny.add_argument("--roster", default="emotional_support", metavar="ID_OR_PATH")
-    tiny.add_argument("--seed", type=int, default=0)
+    tiny.add_argument("--roster", default="emotional_support", metavar="ID_OR_PATH",
+                      help="roster whose roles policies.yaml (and --with-adapters) names")
+    tiny.add_argument("--seed", type=int, default=0, help="seed of the random weights")
     tiny.set_defaults(run=_tiny_model)
 
 
