@@ -63,7 +63,12 @@ def _label_pattern(labels: Iterable[str]) -> str:
 
 def completion_text(completion: Sample) -> str:
     """The text of a TRL completion: a plain string as is, a conversational one as its
-    assistant messages' contents joined by line breaks (what every reward reads)."""
+    assistant messages' contents joined by line breaks (what every reward reads).
+
+    Example:
+        >>> completion_text([{"role": "assistant", "content": "One."}, {"role": "assistant", "content": "Two."}])
+        'One.\\nTwo.'
+    """
     if isinstance(completion, str):
         return completion
     return "\n".join(m["content"] for m in completion if m.get("role", "assistant") == "assistant")
@@ -147,6 +152,10 @@ def format_reward(
 
     Returns:
         One reward in [-1, 1] per completion.
+
+    Example:
+        >>> format_reward(["", ""], ["Have you slept on it?", "Anchor: I agree.\\nBeacon: Me too."])
+        [1.0, -0.5]
     """
     prefix = re.compile(r"^\s*" + _ANY_LABEL)
     others = re.compile(r"\n[ \t]*" + _ANY_LABEL)
@@ -163,6 +172,12 @@ def roster_format_reward(roster: Roster, persona: str | None, *, max_words: int 
 
     Raises:
         KeyError: if ``persona`` is not in the roster (the roster's message lists the ids).
+
+    Example:
+        >>> from mascot.rosters import load_roster
+        >>> reward = roster_format_reward(load_roster("emotional_support"), "anchor")
+        >>> reward(["", ""], ["That sounds heavy.", "The Anchor: That sounds heavy.\\nCatalyst: And?"])
+        [1.0, -0.5]
     """
     if persona is None:
         each = {pid: roster_format_reward(roster, pid, max_words=max_words) for pid in roster.persona_ids}
@@ -201,6 +216,12 @@ def weighted_rewards(terms: Mapping[str, tuple[RewardFunction, float]]) -> tuple
 
     Raises:
         ValueError: on no terms with a non-zero weight, or a name that is not an identifier.
+
+    Example:
+        >>> terms = {"form": (format_reward, 1.0), "variety": (distinct_reward, 0.5), "off": (distinct_reward, 0.0)}
+        >>> functions, weights = weighted_rewards(terms)
+        >>> [f.__name__ for f in functions], weights
+        (['form', 'variety'], [1.0, 0.5])
     """
     functions: list[RewardFunction] = []
     weights: list[float] = []
@@ -234,7 +255,15 @@ class Scorer(Protocol):
 def model_reward(scorer: Scorer, name: str = "reward_model") -> RewardFunction:
     """A reward function in TRL's GRPO protocol, ``(prompts, completions, **kwargs)``, that
     returns ``scorer.score(prompts, completions)`` (a trained ``RewardModel``), named ``name``
-    (TRL logs the reward under its ``__name__``)."""
+    (TRL logs the reward under its ``__name__``).
+
+    Example:
+        >>> class Length:  # a stand-in for a trained RewardModel
+        ...     def score(self, prompts, replies): return [float(len(r)) for r in replies]
+        >>> reward = model_reward(Length(), name="length")
+        >>> reward.__name__, reward(["Hi", "Hi"], ["ok", "fine"])
+        ('length', [2.0, 4.0])
+    """
 
     def reward(prompts: Sequence[Any], completions: Sequence[Any], **kwargs: Any) -> list[float | None]:
         return list(scorer.score(prompts, completions))  # kwargs: TRL's extra columns, unused
@@ -276,6 +305,14 @@ def redundancy_penalty_reward(
     Raises:
         ValueError: if prompts and completions differ in length.
         TypeError: if a message's content is not a string.
+
+    Example:
+        >>> from mascot.graphs.embeddings import LexicalEmbedder
+        >>> earlier = [{"role": "assistant", "content": "Sleep on it before you decide."}]
+        >>> rewards = redundancy_penalty_reward([earlier] * 2, ["Sleep on it before you decide.",
+        ...                                     "Sleep on it, then decide."], embedder=LexicalEmbedder())
+        >>> [round(r, 2) for r in rewards]
+        [-1.0, -0.72]
     """
     if len(prompts) != len(completions):
         raise ValueError(f"{len(prompts)} prompts but {len(completions)} completions")
@@ -298,6 +335,10 @@ def distinct_reward(prompts: Sequence[Sample], completions: Sequence[Sample], **
 
     Returns:
         One reward per completion (conversational or plain-string completions).
+
+    Example:
+        >>> distinct_reward(["", ""], ["one two three", "so so so so"])
+        [1.0, 0.3333333333333333]
     """
     return [distinct_n([_text(c)], 2) for c in completions]
 
@@ -308,7 +349,14 @@ def round_redundancy_reward(prompts: Sequence[Any], completions: Sequence[Any], 
     other voices' turns earlier in its round (``round_turns``, a column of
     ``speaker_prompts``). Range [-1, 0] in practice. ``None`` (not scored: TRL leaves the
     term out of that row) for the round's first voice, which has nobody to repeat: a
-    reply must not earn the term's best value by speaking first or alone."""
+    reply must not earn the term's best value by speaking first or alone.
+
+    Example:
+        >>> rewards = round_redundancy_reward(["", ""], ["Take a walk first.", "Take a walk first."],
+        ...                                   round_turns=[[], ["Take a walk first."]])
+        >>> rewards[0], round(rewards[1], 2)
+        (None, -1.0)
+    """
     embedder = default_embedder()
     texts = [completion_text(c) for c in completions]
     return [redundancy([*earlier, text], embedder=embedder)[-1] * -1.0 if earlier else None

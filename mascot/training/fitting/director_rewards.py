@@ -37,6 +37,13 @@ class DirectorRewards:
 
     TRL calls each term with the same batch; the first call plays the blocks, the others
     reuse them.
+
+    Example:
+        >>> from types import SimpleNamespace as Played  # stand-ins for a rollout and its blocks
+        >>> rewards = DirectorRewards([], Played(roster=None), group_rm=None)
+        >>> blocks = [Played(validity="valid"), Played(validity="repaired"), Played(validity="replaced")]
+        >>> rewards.direction_validity([], ["{...}"] * 3, context_id=["p1"] * 3, block=blocks)
+        [0.0, -0.5, -1.0]
     """
 
     def __init__(
@@ -165,7 +172,12 @@ def neutral_where_unscored(values: Sequence[float | None], groups: Sequence[str]
     ``None`` stays where no sibling is scored (TRL then leaves the term out of all of them).
 
     TRL sums the reward terms ignoring ``None`` (as 0), which for a term in [-1, 0] is its
-    best value: a block would earn it for what it lacks."""
+    best value: a block would earn it for what it lacks.
+
+    Example:
+        >>> neutral_where_unscored([-0.5, None, -0.25, None], ["p1", "p1", "p1", "p2"])
+        [-0.5, -0.375, -0.25, None]
+    """
     scored: dict[str, list[float]] = {}
     for value, group in zip(values, groups, strict=True):
         if value is not None:
@@ -182,6 +194,10 @@ def standardise_by_group(values: Mapping[int, float], groups: Sequence[str], siz
         values: Index -> raw value (the scored blocks).
         groups: Group key of every index (the decision point's ``context_id``).
         size: Number of indices.
+
+    Example:
+        >>> standardise_by_group({0: 10.0, 1: 30.0, 3: 7.0}, ["p1", "p1", "p1", "p2"], 4)
+        [-1.0, 1.0, -2.0, 0.0]
     """
     members: dict[str, list[int]] = {}
     for i in values:
