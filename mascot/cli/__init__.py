@@ -5,7 +5,7 @@
 - ``episodes``: rollout, import-logs
 - ``judging``: judge
 - ``data``: candidates, blocks, pairs
-- ``fitting``: train-rm, train-speakers, train-director
+- ``fitting``: train-rm, train-sft, train-speakers, train-director
 - ``evaluation``: eval, show
 - ``serve``: serve
 - ``pipeline``: pipeline, demo
@@ -13,9 +13,11 @@
 - ``offline_encoder``: offline-encoder
 - ``tiny_model``: tiny-model
 - ``options``: flags and console output shared by the commands
-- ``pipeline_run``: the pipeline recipe and its resumable run, one ``mascot`` child per stage
+- ``pipeline_recipe``: the pipeline recipe file and its validation
+- ``pipeline_run``: the pipeline's resumable run, one ``mascot`` child per stage
 - ``rollout_workers``: a rollout as several ``mascot rollout`` shard processes
 - ``child``: the one place that builds a ``mascot`` child process's command line
+- ``training_inputs``: the files the training commands read, checked flag by flag
 """
 
 from mascot.cli.main import main

@@ -181,12 +181,13 @@ def spec_from_flags(fields: dict[str, object], flag_prefix: str = "--") -> Polic
         UsageError: naming the flag (``flag_prefix`` + the field) of the first bad value.
     """
     from mascot.policies import PolicySpec
+    from mascot.rosters.yaml_file import first_error
 
     try:
         return PolicySpec.model_validate(fields)
     except ValidationError as exc:
-        error = exc.errors()[0]
-        raise UsageError(f"{flag_prefix}{str(error['loc'][0]).replace('_', '-')}: {error['msg']}") from None
+        field, problem = first_error(exc)
+        raise UsageError(f"{flag_prefix}{field.split('.')[0].replace('_', '-')}: {problem}") from None
 
 
 def add_judge_flags(parser: argparse.ArgumentParser, *, required: bool) -> None:

@@ -8,7 +8,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from mascot.rosters import Roster
-from mascot.rosters.yaml_file import YamlFileError, read_yaml
+from mascot.rosters.yaml_file import YamlFileError, first_error_line, read_yaml
 
 #: Roles every roster has besides its personas. ``default`` answers for any role the
 #: file does not name.
@@ -128,7 +128,7 @@ def load_policy_specs(path: str | Path, roster: Roster | None) -> dict[str, Poli
     try:
         policy_file = PolicyFile.model_validate(data)
     except ValidationError as exc:
-        raise PolicyError(f"{path}: {_first_error(exc)}") from None
+        raise PolicyError(f"{path}: {first_error_line(exc)}") from None
     valid = (*FIXED_ROLES, *(roster.persona_ids if roster else ()))
     specs: dict[str, PolicySpec] = {}
     for role, entry in policy_file.roles.items():
@@ -139,7 +139,7 @@ def load_policy_specs(path: str | Path, roster: Roster | None) -> dict[str, Poli
         try:
             spec = PolicySpec.model_validate({**policy_file.defaults, **(entry or {})})
         except ValidationError as exc:
-            raise PolicyError(f"{path}: role '{role}': {_first_error(exc)}") from None
+            raise PolicyError(f"{path}: role '{role}': {first_error_line(exc)}") from None
         if spec.adapter:
             spec = spec.model_copy(update={"adapter": str((path.parent / spec.adapter).resolve())})
         if spec.kind == "local" and spec.model.startswith("."):
@@ -149,8 +149,3 @@ def load_policy_specs(path: str | Path, roster: Roster | None) -> dict[str, Poli
         raise PolicyError(f"{path}: no roles defined")
     return specs
 
-
-def _first_error(exc: ValidationError) -> str:
-    error = exc.errors()[0]
-    field = ".".join(str(part) for part in error["loc"]) or "(top level)"
-    return f"field '{field}': {error['msg']}"

@@ -18,7 +18,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from mascot.rosters.loader import RosterError, list_rosters, load_roster, roster_path
 from mascot.rosters.models import Roster
-from mascot.rosters.yaml_file import YamlFileError, read_yaml
+from mascot.rosters.yaml_file import YamlFileError, read_mapping
 
 PROBE_FILE = "groupthink.yaml"
 LABEL_FILE = "groupthink_labels.yaml"
@@ -221,12 +221,9 @@ def _read(path: Path, what: str) -> object:
     if not path.is_file():
         raise ProbeSetError(f"{path}: no such {what}")
     try:
-        data = read_yaml(path)
+        return read_mapping(path)
     except YamlFileError as exc:
         raise ProbeSetError(str(exc)) from None
-    if not isinstance(data, dict):
-        raise ProbeSetError(f"{path}: expected a mapping at the top level, got {type(data).__name__}")
-    return data
 
 
 def _describe(exc: ValidationError, data: object, field: str, item: str, key: str) -> str:

@@ -5,13 +5,17 @@ many times ("billion laughs"), which costs nothing to parse but explodes as soon
 data is validated or copied. ``read_yaml`` refuses files over ``MAX_BYTES``, bytes that
 are not UTF-8, nesting too deep to parse, documents whose aliases expand to more than
 ``MAX_NODES`` nodes, and mappings that name a key twice, each with one line naming the file.
+``read_mapping`` also wants a mapping at the top level; ``first_error`` (and ``first_error_line``) give the first
+problem pydantic found in what was read, for the one-line errors every reader raises.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import yaml
+from pydantic import ValidationError
 
 #: Largest YAML file read, in bytes; configuration files are kilobytes.
 MAX_BYTES = 2 * 1024 * 1024
@@ -23,6 +27,42 @@ _Loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 
 class YamlFileError(ValueError):
     """A YAML file cannot be read; the message is one line naming the file."""
+
+
+def read_mapping(path: str | Path) -> dict[str, Any]:
+    """``read_yaml``, for a file whose top level must be a mapping.
+
+    Raises:
+        YamlFileError: as ``read_yaml`` does, or if the document is not a mapping.
+    """
+    data = read_yaml(path)
+    if not isinstance(data, dict):
+        raise YamlFileError(f"{path}: expected a mapping at the top level, got {type(data).__name__}")
+    return data
+
+
+def first_error(exc: ValidationError) -> tuple[str, str]:
+    """The first problem of a validation error: the dotted field it is in (``(top level)``
+    when none) and what is wrong.
+
+    Example:
+        >>> from pydantic import BaseModel
+        >>> class Stage(BaseModel):
+        ...     episodes: int
+        >>> try:
+        ...     Stage.model_validate({"episodes": "many"})
+        ... except ValidationError as exc:
+        ...     print(first_error(exc))
+        ('episodes', 'Input should be a valid integer, unable to parse string as an integer')
+    """
+    error = exc.errors(include_url=False)[0]
+    return ".".join(str(part) for part in error["loc"]) or "(top level)", error["msg"]
+
+
+def first_error_line(exc: ValidationError) -> str:
+    """``first_error`` as the line file readers print: ``field 'a.b': what is wrong``."""
+    field, problem = first_error(exc)
+    return f"field '{field}': {problem}"
 
 
 def read_yaml(path: str | Path) -> object:
