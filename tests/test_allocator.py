@@ -77,6 +77,12 @@ def test_a_training_command_restarts_itself_with_the_setting_once(monkeypatch: p
     monkeypatch.setattr(sys, "argv", ["mascot", "train-rm", "--pairs", str(tmp_path / "p"), "--out", str(tmp_path)])
     from mascot.cli import main
 
+    assert main() == 2 and calls == []  # a flag's mistake is said first, without a second start
+    (tmp_path / "p").mkdir()
+    (tmp_path / "p" / "train.jsonl").write_text("")
+    for name in ("e", "s"):
+        (tmp_path / name).write_text("")
+    monkeypatch.chdir(tmp_path)
     with pytest.raises(Restarted):
         main()  # the real command line: the process starts again with the setting
     assert calls[0][1] == [sys.executable, "-m", "mascot", "train-rm", "--pairs", "p", "--out", "o"]

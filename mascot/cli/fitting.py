@@ -31,6 +31,8 @@ from mascot.cli.options import (
 from mascot.cli.training_inputs import SHARED_ADAPTER
 from mascot.rosters import Roster, load_roster
 
+#: Where the recipe classes live (their settings are listed in each command's help).
+_FITTING = "mascot.training.fitting."
 #: Policy file written under ``--out`` when ``--policy-file`` is not given.
 POLICY_FILE = "policies.yaml"
 
@@ -39,7 +41,7 @@ def add_commands(commands: argparse._SubParsersAction) -> None:
     """Add ``train-rm``, ``train-sft``, ``train-speakers`` and ``train-director`` to the command line."""
     train_rm = commands.add_parser("train-rm", help="train a LoRA reward model on preference pairs")
     train_rm.add_argument("--pairs", required=True, metavar="DIR", help="folder from mascot pairs")
-    add_recipe_flags(train_rm, "RewardModelConfig", "RewardConfig")
+    add_recipe_flags(train_rm, "RewardModelConfig", "RewardConfig", [(_FITTING + "reward_model", "RewardModelConfig")])
     train_rm.add_argument("--out", required=True, metavar="DIR", help="folder of the reward model")
     train_rm.set_defaults(run=_train_rm, allocator="train")
 
@@ -57,7 +59,7 @@ def add_commands(commands: argparse._SubParsersAction) -> None:
                                                        "learn the samples that passed the checks")
     sft.add_argument("--keep", type=int, default=2, metavar="N",
                      help="with --samples: distinct passing samples per context at most (default 2)")
-    _add_common(sft, "WarmStartConfig", "SFTConfig")
+    _add_common(sft, "WarmStartConfig", "SFTConfig", [(_FITTING + "warm_start", "WarmStartConfig")])
     sft.set_defaults(run=_train_sft, allocator="train")
 
     speakers = commands.add_parser(
@@ -70,7 +72,9 @@ def add_commands(commands: argparse._SubParsersAction) -> None:
     speakers.add_argument("--personas", metavar="A,B", help="persona ids to train (default: every persona)")
     speakers.add_argument("--shared", action="store_true",
                           help=f"one adapter '{SHARED_ADAPTER}' for every persona instead of one each")
-    _add_common(speakers, "SpeakerTrainingConfig (grpo) or SpeakerDPOConfig (dpo)", "GRPOConfig or DPOConfig")
+    _add_common(speakers, "SpeakerTrainingConfig (grpo) or SpeakerDPOConfig (dpo)", "GRPOConfig or DPOConfig",
+                [(_FITTING + "speaker_training", "SpeakerTrainingConfig"),
+                 (_FITTING + "speaker_dpo", "SpeakerDPOConfig")])
     # GRPO samples in this process; DPO only runs forward and backward passes (mascot.policies.allocator)
     speakers.set_defaults(run=_train_speakers, allocator=lambda args: "generate" if args.method == "grpo" else "train")
 
@@ -89,19 +93,21 @@ def add_commands(commands: argparse._SubParsersAction) -> None:
     director.add_argument("--engine", choices=("local", "vllm"), default="local",
                           help="what plays the blocks' speakers and user: in process (local), or vLLM servers "
                                "started for the command (or the pipeline's); the Director trains in process")
-    _add_common(director, "DirectorTrainingConfig (grpo) or SpeakerDPOConfig (dpo)", "GRPOConfig or DPOConfig")
+    _add_common(director, "DirectorTrainingConfig (grpo) or SpeakerDPOConfig (dpo)", "GRPOConfig or DPOConfig",
+                [(_FITTING + "director_training", "DirectorTrainingConfig"),
+                 (_FITTING + "speaker_dpo", "SpeakerDPOConfig")])
     # freed pages given back after 10 s even when the server samples: a Director GRPO trainer
     # that kept them all grew to 18 GiB in 7 steps of the 0.5B model and was killed (2 cores, 24 GiB)
     director.set_defaults(run=_train_director, allocator="generate")
 
 
-def _add_common(parser: argparse.ArgumentParser, ours: str, trainer: str) -> None:
+def _add_common(parser: argparse.ArgumentParser, ours: str, trainer: str, recipes: list[tuple[str, str]]) -> None:
     parser.add_argument("--out", required=True, metavar="DIR", help="folder of the adapters")
     parser.add_argument("--policy-file", metavar="FILE",
                         help=f"policy file to register the adapters in (default OUT/{POLICY_FILE}; "
                              "train-director: the --speakers file)")
     parser.add_argument("--retrain", action="store_true", help="train again adapters that are already finished")
-    add_recipe_flags(parser, ours, trainer)
+    add_recipe_flags(parser, ours, trainer, recipes)
 
 
 def _fit_adapter(args: argparse.Namespace, name: str, *, roles: list[str], policy_file: Path, base: str,
@@ -128,11 +134,12 @@ def _fit_adapter(args: argparse.Namespace, name: str, *, roles: list[str], polic
 
 
 def _train_speakers(args: argparse.Namespace) -> int:
+    roster = load_roster(args.roster)
+    args.allocate()  # the recipe's checks need the trainers' stack
     from mascot.training.fitting.reward_model import RewardModel, RewardModelError
     from mascot.training.fitting.speaker_dpo import SpeakerDPOConfig, SpeakerDPOError
     from mascot.training.fitting.speaker_training import SpeakerTrainingConfig, SpeakerTrainingError
 
-    roster = load_roster(args.roster)
     config, base = recipe_from_args(SpeakerDPOConfig if args.method == "dpo" else SpeakerTrainingConfig, args)
     personas = inputs.personas(args.personas.split(",") if args.personas else config.personas, roster)
     shared = args.shared or not config.per_persona
@@ -206,16 +213,17 @@ def _speaker_grpo(args: argparse.Namespace, name: str, persona: str | None, epis
 
 
 def _train_director(args: argparse.Namespace) -> int:
-    from mascot.policies import Policies
-    from mascot.training.data.block_rollout import decision_points
-    from mascot.training.fitting.director_training import DirectorTrainingConfig
-    from mascot.training.fitting.reward_model import RewardModel, RewardModelError
-
     roster = load_roster(args.roster)
     if args.method == "dpo":
         return _train_director_dpo(args, roster)
     if not args.episodes or not args.speakers:
         raise UsageError("--method grpo needs --episodes FILE and --speakers POLICIES")
+    args.allocate()  # the recipe's checks need the trainers' stack
+    from mascot.policies import Policies
+    from mascot.training.data.block_rollout import decision_points
+    from mascot.training.fitting.director_training import DirectorTrainingConfig
+    from mascot.training.fitting.reward_model import RewardModel, RewardModelError
+
     config, base = recipe_from_args(DirectorTrainingConfig, args)
     if args.block_turns is not None:
         if args.block_turns < 1:
@@ -301,6 +309,7 @@ def _train_sft(args: argparse.Namespace) -> int:
     for flag, where in (("--pairs", args.pairs), ("--group-pairs", args.group_pairs)):
         if where and not inputs.pairs_file(where).is_file():
             raise UsageError(f"{flag}: no such file {inputs.pairs_file(where)}")
+    args.allocate()
     from mascot.training.fitting.warm_start import WarmStartConfig, WarmStartError, director_rows, speaker_rows
 
     config, base = recipe_from_args(WarmStartConfig, args)
@@ -340,12 +349,13 @@ def _warm_start(args: argparse.Namespace, name: str, found: Any, base: str, conf
 
 def _train_director_dpo(args: argparse.Namespace, roster: Roster) -> int:
     """``train-director --method dpo``: the Director's adapter fitted on its preference pairs."""
-    from mascot.training.fitting.adapter_registry import register_adapter
-    from mascot.training.fitting.speaker_dpo import SpeakerDPOConfig, SpeakerDPOError
-
     if not args.pairs:
         raise UsageError("--method dpo needs --pairs DIR (mascot pairs --samples or --approvals)")
     rows = [r for r in inputs.pairs(args.pairs) if r.get("persona") == "director"]
+    args.allocate()
+    from mascot.training.fitting.adapter_registry import register_adapter
+    from mascot.training.fitting.speaker_dpo import SpeakerDPOConfig, SpeakerDPOError
+
     config, base = recipe_from_args(SpeakerDPOConfig, args)
     policy_file = Path(args.policy_file or Path(args.out) / POLICY_FILE)
     if not rows:  # as train-speakers does with a persona that has no turn: said, and left as it was
@@ -375,12 +385,13 @@ def _number(value: float | None) -> str:
 
 
 def _train_rm(args: argparse.Namespace) -> int:
-    from mascot.training.data.pairs import read_pairs
-    from mascot.training.fitting.reward_model import RewardModelConfig, RewardModelError, train_reward_model
-
     folder = Path(args.pairs)
     if not (folder / "train.jsonl").is_file():
         raise UsageError(f"--pairs: no train.jsonl in {folder} (make it with `mascot pairs`)")
+    args.allocate()
+    from mascot.training.data.pairs import read_pairs
+    from mascot.training.fitting.reward_model import RewardModelConfig, RewardModelError, train_reward_model
+
     train = read_pairs(folder / "train.jsonl")
     test = read_pairs(folder / "test.jsonl") if (folder / "test.jsonl").is_file() else []
     config, base = recipe_from_args(RewardModelConfig, args)

@@ -49,14 +49,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     args, extra = parser.parse_known_args(argv)
     if extra and not hasattr(args, "trainer_flags"):
         parser.error(f"unrecognized arguments: {' '.join(extra)}")
-    args.trainer_flags = extra  # TRL config fields of the training commands (--learning_rate 1e-5)
+    # TRL config fields of the training commands (--learning_rate 1e-5), after the recipe's own settings
+    args.trainer_flags = [*getattr(args, "trainer_flags", []), *extra]
     args.argv = list(sys.argv[1:] if argv is None else argv)  # for worker processes
+    args.allocate = lambda: None
     if argv is None and getattr(args, "allocator", None):
-        # a command that trains starts again with freed memory kept (mascot.policies.allocator):
-        # the setting only takes effect at a process's start
+        # a command that trains starts again with freed memory kept (mascot.policies.allocator),
+        # once it has checked its flags (a mistake is said without a second start): the setting
+        # only takes effect at a process's start
         from mascot.policies.allocator import with_allocator
 
-        with_allocator(mode=args.allocator(args) if callable(args.allocator) else args.allocator)
+        mode = args.allocator(args) if callable(args.allocator) else args.allocator
+        args.allocate = lambda: with_allocator(mode=mode)
     logging.basicConfig(
         level=logging.INFO if args.verbose else logging.WARNING,
         format="%(levelname)s %(name)s: %(message)s",

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from pydantic import ValidationError
@@ -247,8 +248,12 @@ def masked(text: str) -> str:
     return file_redactor()(text)
 
 
-def add_recipe_flags(parser: argparse.ArgumentParser, ours: str, trainer: str) -> None:
-    """``--base`` and ``--config``; the command also takes TRL's own flags (see ``recipe_from_args``)."""
+def add_recipe_flags(parser: argparse.ArgumentParser, ours: str, trainer: str,
+                     recipes: Sequence[tuple[str, str]] = ()) -> None:
+    """``--base``, ``--config`` and the settings of ``recipes`` ((module, class) pairs, listed
+    with their docs); the command also takes TRL's own flags (see ``recipe_from_args``)."""
+    from mascot.cli.recipe_flags import add_recipe_settings
+
     parser.add_argument("--base", metavar="HF_ID_OR_PATH",
                         help=f"base model (default: the recipe's model_name_or_path, else {DEFAULT_MODEL})")
     parser.add_argument("--config", metavar="RECIPE.yaml",
@@ -256,6 +261,9 @@ def add_recipe_flags(parser: argparse.ArgumentParser, ours: str, trainer: str) -
                              f"trl.ModelConfig (LoRA) fields; "
                              f"any of them can also be given as a flag, e.g. --learning_rate 1e-5")
     parser.set_defaults(trainer_flags=[])
+    if recipes:
+        add_recipe_settings(parser, recipes, f"recipe settings ({ours}; also keys of --config, and every "
+                                             f"trl.{trainer} field is a flag too)")
 
 
 def recipe_from_args(config_class: Any, args: argparse.Namespace) -> tuple[Any, str]:

@@ -22,6 +22,7 @@ from typing import Any, TypeVar
 from pydantic import BaseModel, ValidationError
 
 from mascot.redaction import file_redactor
+from mascot.rosters.yaml_file import first_error_line
 
 logger = logging.getLogger(__name__)
 
@@ -107,19 +108,13 @@ def read_records(path: str | Path, model: type[Record], what: str, *,
         try:
             record = model.model_validate(data)
         except ValidationError as exc:
-            message = f"{path}:{number}: not {what} ({record_error(exc)})"
+            message = f"{path}:{number}: not {what} ({first_error_line(exc)})"
             if not skip_invalid:
                 raise JsonlError(message) from None
             logger.warning("%s; skipped", message)
             continue
         yield number, record
 
-
-def record_error(exc: ValidationError) -> str:
-    """A record's validation error as one line: the first bad field and why."""
-    error = exc.errors()[0]
-    field = ".".join(str(p) for p in error["loc"]) or "(top level)"
-    return f"field '{field}': {error['msg']}"
 
 
 def _lines(path: Path) -> Iterator[tuple[int, bytes]]:

@@ -12,7 +12,8 @@ from langchain_core.messages import AIMessage, BaseMessage
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from mascot.rosters import Scenario, UserProfile
-from mascot.training.jsonl import JsonlError, read_jsonl, record_error
+from mascot.rosters.yaml_file import first_error_line
+from mascot.training.jsonl import JsonlError, read_jsonl
 
 logger = logging.getLogger(__name__)
 
@@ -234,7 +235,7 @@ def parse_episode(record: Mapping[str, Any], where: str) -> Episode:
     try:
         return Episode.model_validate(record)
     except ValidationError as exc:
-        raise ValueError(f"{where}: not an episode ({record_error(exc)})") from None
+        raise ValueError(f"{where}: not an episode ({first_error_line(exc)})") from None
 
 
 def read_episodes(path: str | Path) -> list[Episode]:

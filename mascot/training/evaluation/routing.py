@@ -23,8 +23,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from mascot.graphs.decider import Decider
 from mascot.messages import langchain_message
 from mascot.rosters import Roster
-from mascot.rosters.yaml_file import YamlFileError, read_yaml
-from mascot.training.jsonl import record_error
+from mascot.rosters.yaml_file import YamlFileError, first_error_line, read_yaml
 
 PERSON = "person"
 logger = logging.getLogger(__name__)
@@ -70,7 +69,7 @@ def load_routing_set(roster: Roster, path: str | Path | None = None) -> list[Rou
     except YamlFileError as exc:
         raise RoutingError(str(exc)) from None
     except ValidationError as exc:
-        raise RoutingError(f"{path}: {record_error(exc)}") from None
+        raise RoutingError(f"{path}: {first_error_line(exc)}") from None
     if data.roster != roster.id:
         raise RoutingError(f"{path}: a routing set of roster '{data.roster}', not '{roster.id}'")
     for point in data.points:

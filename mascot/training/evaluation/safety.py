@@ -32,9 +32,8 @@ from mascot.graphs.safety import SafetyGuard, has_resources
 from mascot.graphs.safety_detector import SafetyDetector
 from mascot.graphs.safety_heads import SHIPPED, save_head
 from mascot.rosters import Roster
-from mascot.rosters.yaml_file import YamlFileError, read_yaml
+from mascot.rosters.yaml_file import YamlFileError, first_error_line, read_yaml
 from mascot.training.episodes.episode import Episode
-from mascot.training.jsonl import record_error
 
 #: The shipped sets' file names: the reported one and the one thresholds are chosen on.
 SET_FILES = {"test": "safety.yaml", "dev": "safety_dev.yaml"}
@@ -94,7 +93,7 @@ def _read_set(path: Path, model: type[_File], missing: str) -> _File:
     except YamlFileError as exc:
         raise SafetySetError(str(exc)) from None
     except ValidationError as exc:
-        raise SafetySetError(f"{path}: {record_error(exc)}") from None
+        raise SafetySetError(f"{path}: {first_error_line(exc)}") from None
 
 
 @dataclass(frozen=True)

@@ -72,10 +72,6 @@ class DirectorTrainingConfig(LoraRecipe):
         fullness_weight: Weight of ``round_fullness`` (a round cut short is not rewarded
             over a fuller one).
         copy_weight: Weight of ``action_copy`` (an action copied from what the Director read).
-        lora_r: LoRA rank.
-        lora_alpha: LoRA scaling numerator.
-        lora_dropout: LoRA dropout.
-        lora_target_modules: Module names to adapt, or ``"all-linear"``.
         training: A ``trl.GRPOConfig`` used as is, or a mapping of its fields (see
             ``trainer_args``), or ``None`` for the defaults.
     """
@@ -85,7 +81,7 @@ class DirectorTrainingConfig(LoraRecipe):
     # thinking off as when served: 128 tokens must hold the JSON, not a <think> block
     trainer_defaults: ClassVar[dict[str, Any]] = {
         "beta": 0.0, "logging_steps": 1, "num_generations": 4, "per_device_train_batch_size": 8,
-        "max_completion_length": 128, "save_strategy": "steps", "save_steps": 25, "save_total_limit": 1,
+        "max_completion_length": 128,
         "chat_template_kwargs": chat_template_kwargs(),
     }
 

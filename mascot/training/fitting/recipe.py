@@ -61,6 +61,8 @@ class LoraRecipe:
     lora_task: ClassVar[str] = "CAUSAL_LM"
     #: The entrypoint's own trainer defaults, laid over the common CPU-safe ones.
     trainer_defaults: ClassVar[dict[str, Any]] = {}
+    #: Every trainer's checkpoints: one every 25 steps, the last kept, so a rerun resumes.
+    checkpoints: ClassVar[dict[str, Any]] = {"save_strategy": "steps", "save_steps": 25, "save_total_limit": 1}
 
     lora_r: int = 16
     lora_alpha: int = 32
@@ -130,7 +132,7 @@ class LoraRecipe:
 
         A config given as ``training`` is returned as is. Otherwise the defaults run
         anywhere: fp32 on a CPU (``use_cpu``, ``bf16=False``), bf16 on a GPU that has it,
-        no gradient checkpointing, no reporting, no checkpoints, then ``trainer_defaults``;
+        no gradient checkpointing, no reporting, ``checkpoints``, then ``trainer_defaults``;
         ``training`` entries override them.
 
         Args:
@@ -211,8 +213,8 @@ class LoraRecipe:
         # transformers 5 renamed gradient_checkpointing (TRL defaults it to True, with a
         # deprecation warning) to activation_checkpointing, which wins when both are set
         return {"use_cpu": not gpu, "report_to": "none", "bf16": gpu and torch.cuda.is_bf16_supported(),
-                "save_strategy": "no", "gradient_checkpointing": False, "activation_checkpointing": False,
-                **cls.trainer_defaults}
+                "gradient_checkpointing": False, "activation_checkpointing": False,
+                **cls.checkpoints, **cls.trainer_defaults}
 
     @classmethod
     def from_dict(cls, recipe: Mapping[str, Any]) -> Self:

@@ -79,7 +79,6 @@ class RewardModelConfig(LoraRecipe):
     trainer_defaults: ClassVar[dict[str, Any]] = {
         "per_device_train_batch_size": 2, "gradient_accumulation_steps": 4, "per_device_eval_batch_size": 2,
         "num_train_epochs": 1, "max_length": 1024, "logging_steps": 1,
-        "save_strategy": "steps", "save_steps": 25, "save_total_limit": 1,
     }
 
     use_margin: bool = False

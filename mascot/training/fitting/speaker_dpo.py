@@ -42,10 +42,6 @@ class SpeakerDPOConfig(LoraRecipe):
     Attributes:
         personas: Persona ids to train; empty means every persona that has pairs.
         per_persona: One adapter per persona; off, one shared adapter on every persona's pairs.
-        lora_r: LoRA rank.
-        lora_alpha: LoRA scaling numerator.
-        lora_dropout: LoRA dropout.
-        lora_target_modules: Module names to adapt, or ``"all-linear"``.
         training: A ``trl.DPOConfig`` used as is, or a mapping of its fields (see
             ``trainer_args``), or ``None`` for the defaults.
     """
@@ -54,7 +50,6 @@ class SpeakerDPOConfig(LoraRecipe):
     subject: ClassVar[str] = "speaker-dpo"
     trainer_defaults: ClassVar[dict[str, Any]] = {
         "logging_steps": 1, "per_device_train_batch_size": 4, "num_train_epochs": 1, "max_length": 2048,
-        "save_strategy": "steps", "save_steps": 25, "save_total_limit": 1,
     }
 
     personas: list[str] = field(default_factory=list)

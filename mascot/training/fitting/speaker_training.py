@@ -43,10 +43,6 @@ class SpeakerTrainingConfig(LoraRecipe):
         personas: Persona ids to train; empty means every persona of the roster.
         per_persona: One adapter per persona (the MASCOT recipe); off, one shared adapter
             trained on every persona's prompts.
-        lora_r: LoRA rank.
-        lora_alpha: LoRA scaling numerator.
-        lora_dropout: LoRA dropout.
-        lora_target_modules: Module names to adapt, or ``"all-linear"``.
         rm_weight: Weight of the persona reward model term.
         format_weight: Weight of ``format_reward``.
         redundancy_weight: Weight of ``round_redundancy_reward`` (0 = not computed).
@@ -60,7 +56,7 @@ class SpeakerTrainingConfig(LoraRecipe):
     # prompts rendered with the thinking setting the speakers are served with
     trainer_defaults: ClassVar[dict[str, Any]] = {
         "beta": 0.0, "logging_steps": 1, "num_generations": 4, "per_device_train_batch_size": 8,
-        "max_completion_length": 256, "save_strategy": "steps", "save_steps": 25, "save_total_limit": 1,
+        "max_completion_length": 256,
         "chat_template_kwargs": chat_template_kwargs(),
     }
 

@@ -56,7 +56,7 @@ class WarmStartConfig(LoraRecipe):
     subject: ClassVar[str] = "warm-start"
     trainer_defaults: ClassVar[dict[str, Any]] = {
         "logging_steps": 1, "per_device_train_batch_size": 4, "num_train_epochs": 2, "max_length": 2048,
-        "completion_only_loss": True, "save_strategy": "steps", "save_steps": 25, "save_total_limit": 1,
+        "completion_only_loss": True,
     }
 
 

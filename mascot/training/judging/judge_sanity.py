@@ -28,7 +28,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from mascot.graphs.embeddings import Embedder, default_embedder
 from mascot.rosters import Roster
-from mascot.training.jsonl import record_error
+from mascot.rosters.yaml_file import first_error_line
 from mascot.training.judging.judge import Judge
 from mascot.training.judging.judgement import Judgement
 from mascot.training.judging.metric_judge import SANITY_FALLBACK_WEIGHT, metric_overalls
@@ -326,7 +326,7 @@ def read_sanity_report(path: str | Path) -> SanityReport:
     try:
         return SanityReport.model_validate_json(text)
     except ValidationError as exc:
-        raise SanityError(f"{path}: not a judge sanity report ({record_error(exc)})") from None
+        raise SanityError(f"{path}: not a judge sanity report ({first_error_line(exc)})") from None
 
 
 def sanity_metric_weight(report: SanityReport) -> float:

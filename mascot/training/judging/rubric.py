@@ -21,7 +21,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from mascot.rosters.yaml_file import YamlFileError, read_yaml
+from mascot.rosters.yaml_file import YamlFileError, read_mapping
 
 #: The score scale of every criterion.
 LEVELS = (1, 2, 3, 4, 5)
@@ -164,11 +164,9 @@ def load_rubric(name_or_path: str | Path) -> Rubric:
                 f"unknown rubric '{text}': not a shipped rubric ({', '.join(list_rubrics())}) and no such file"
             )
     try:
-        data = read_yaml(path)
+        data = read_mapping(path)
     except YamlFileError as exc:
         raise RubricError(str(exc)) from None
-    if not isinstance(data, dict):
-        raise RubricError(f"{path}: expected a mapping at the top level, got {type(data).__name__}")
     try:
         return Rubric.model_validate(data)
     except ValidationError as exc:

@@ -26,8 +26,7 @@ from mascot.graphs.direction import StageDirection
 from mascot.graphs.prompts import speaker_messages
 from mascot.messages import langchain_message, openai_messages
 from mascot.rosters import Roster
-from mascot.rosters.yaml_file import YamlFileError, read_yaml
-from mascot.training.jsonl import record_error
+from mascot.rosters.yaml_file import YamlFileError, first_error_line, read_yaml
 from mascot.training.judging.judgement import JudgedCandidate
 from mascot.training.judging.metric_judge import GROUP
 from mascot.training.judging.targets import BlockTarget, Target, conversation_turns, render_block, reply_target
@@ -166,7 +165,7 @@ def _read(path: Path) -> _SanityFile:
     try:
         return _SanityFile.model_validate(data)
     except ValidationError as exc:
-        raise SanityError(f"{path}: {record_error(exc)}") from None
+        raise SanityError(f"{path}: {first_error_line(exc)}") from None
 
 
 def _messages(turns: Sequence[Mapping[str, str]], roster: Roster, where: str) -> list[dict[str, str]]:
