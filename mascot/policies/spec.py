@@ -8,7 +8,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from mascot.rosters import Roster
-from mascot.rosters.yaml_file import YamlFileError, first_error_line, read_yaml
+from mascot.rosters.yaml_file import YamlFileError, first_error_line, read_model
 
 #: Roles every roster has besides its personas. ``default`` answers for any role the
 #: file does not name.
@@ -122,13 +122,9 @@ def load_policy_specs(path: str | Path, roster: Roster | None) -> dict[str, Poli
     """
     path = Path(path).expanduser()
     try:
-        data = read_yaml(path)
+        policy_file = read_model(path, PolicyFile)
     except YamlFileError as exc:
         raise PolicyError(str(exc)) from None
-    try:
-        policy_file = PolicyFile.model_validate(data)
-    except ValidationError as exc:
-        raise PolicyError(f"{path}: {first_error_line(exc)}") from None
     valid = (*FIXED_ROLES, *(roster.persona_ids if roster else ()))
     specs: dict[str, PolicySpec] = {}
     for role, entry in policy_file.roles.items():

@@ -5,17 +5,18 @@ many times ("billion laughs"), which costs nothing to parse but explodes as soon
 data is validated or copied. ``read_yaml`` refuses files over ``MAX_BYTES``, bytes that
 are not UTF-8, nesting too deep to parse, documents whose aliases expand to more than
 ``MAX_NODES`` nodes, and mappings that name a key twice, each with one line naming the file.
-``read_mapping`` also wants a mapping at the top level; ``first_error`` (and ``first_error_line``) give the first
+``read_mapping`` also wants a mapping at the top level, ``read_model`` a valid pydantic model;
+``first_error`` (and ``first_error_line``) give the first
 problem pydantic found in what was read, for the one-line errors every reader raises.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import yaml
-from pydantic import ValidationError
+from pydantic import BaseModel, ValidationError
 
 #: Largest YAML file read, in bytes; configuration files are kilobytes.
 MAX_BYTES = 2 * 1024 * 1024
@@ -39,6 +40,23 @@ def read_mapping(path: str | Path) -> dict[str, Any]:
     if not isinstance(data, dict):
         raise YamlFileError(f"{path}: expected a mapping at the top level, got {type(data).__name__}")
     return data
+
+
+_Model = TypeVar("_Model", bound=BaseModel)
+
+
+def read_model(path: str | Path, model: type[_Model]) -> _Model:
+    """``read_yaml``, validated as ``model``.
+
+    Raises:
+        YamlFileError: as ``read_yaml`` does, or with the first validation problem
+            (``FILE: field 'a.b': what is wrong``).
+    """
+    data = read_yaml(path)
+    try:
+        return model.model_validate(data)
+    except ValidationError as exc:
+        raise YamlFileError(f"{path}: {first_error_line(exc)}") from None
 
 
 def first_error(exc: ValidationError) -> tuple[str, str]:

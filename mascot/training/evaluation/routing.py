@@ -18,12 +18,12 @@ from pathlib import Path
 
 from langchain_core.language_models import BaseChatModel
 from langchain_core.messages import BaseMessage
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field
 
 from mascot.graphs.decider import Decider
 from mascot.messages import langchain_message
 from mascot.rosters import Roster
-from mascot.rosters.yaml_file import YamlFileError, first_error_line, read_yaml
+from mascot.rosters.yaml_file import YamlFileError, read_model
 
 PERSON = "person"
 logger = logging.getLogger(__name__)
@@ -65,11 +65,9 @@ def load_routing_set(roster: Roster, path: str | Path | None = None) -> list[Rou
     if not path.is_file():
         raise RoutingError(f"{path}: no routing set for roster '{roster.id}'")
     try:
-        data = _RoutingFile.model_validate(read_yaml(path))
+        data = read_model(path, _RoutingFile)
     except YamlFileError as exc:
         raise RoutingError(str(exc)) from None
-    except ValidationError as exc:
-        raise RoutingError(f"{path}: {first_error_line(exc)}") from None
     if data.roster != roster.id:
         raise RoutingError(f"{path}: a routing set of roster '{data.roster}', not '{roster.id}'")
     for point in data.points:

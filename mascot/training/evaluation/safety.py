@@ -24,7 +24,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Any, Literal, TypeVar
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field
 
 from mascot.graphs import risk
 from mascot.graphs.embeddings import Embedder
@@ -32,7 +32,7 @@ from mascot.graphs.safety import SafetyGuard, has_resources
 from mascot.graphs.safety_detector import SafetyDetector
 from mascot.graphs.safety_heads import SHIPPED, save_head
 from mascot.rosters import Roster
-from mascot.rosters.yaml_file import YamlFileError, first_error_line, read_yaml
+from mascot.rosters.yaml_file import YamlFileError, read_model
 from mascot.training.episodes.episode import Episode
 
 #: The shipped sets' file names: the reported one and the one thresholds are chosen on.
@@ -89,11 +89,9 @@ def _read_set(path: Path, model: type[_File], missing: str) -> _File:
     if not path.is_file():
         raise SafetySetError(f"{path}: {missing}")
     try:
-        return model.model_validate(read_yaml(path))
+        return read_model(path, model)
     except YamlFileError as exc:
         raise SafetySetError(str(exc)) from None
-    except ValidationError as exc:
-        raise SafetySetError(f"{path}: {first_error_line(exc)}") from None
 
 
 @dataclass(frozen=True)

@@ -20,13 +20,13 @@ from importlib import resources
 from pathlib import Path
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field
 
 from mascot.graphs.direction import StageDirection
 from mascot.graphs.prompts import speaker_messages
 from mascot.messages import langchain_message, openai_messages
 from mascot.rosters import Roster
-from mascot.rosters.yaml_file import YamlFileError, first_error_line, read_yaml
+from mascot.rosters.yaml_file import YamlFileError, read_model
 from mascot.training.judging.judgement import JudgedCandidate
 from mascot.training.judging.metric_judge import GROUP
 from mascot.training.judging.targets import BlockTarget, Target, conversation_turns, render_block, reply_target
@@ -159,13 +159,9 @@ def load_sanity_set(roster: Roster, target: TargetKind, *, path: str | Path | No
 
 def _read(path: Path) -> _SanityFile:
     try:
-        data = read_yaml(path)
+        return read_model(path, _SanityFile)
     except YamlFileError as exc:
         raise SanityError(str(exc)) from None
-    try:
-        return _SanityFile.model_validate(data)
-    except ValidationError as exc:
-        raise SanityError(f"{path}: {first_error_line(exc)}") from None
 
 
 def _messages(turns: Sequence[Mapping[str, str]], roster: Roster, where: str) -> list[dict[str, str]]:
